@@ -1,0 +1,1 @@
+"""The fixed harness: runs one trial on a real vLLM server (python -m sandbox.worker)."""

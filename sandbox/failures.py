@@ -1,0 +1,49 @@
+"""Failure classes of a trial, and how a server log is read to tell them apart.
+
+A failure is a value in the result, never an exception that escapes the worker: the loop feeds
+the class back to the sampler so it learns which regions of the space do not run.
+"""
+
+from __future__ import annotations
+
+import re
+
+CLASSES = ("invalid_config", "oom", "start_timeout", "crashed", "request_errors", "bad_output",
+           "unclean_teardown", "interrupted", "worker_error")
+TAIL_LINES = 40
+
+# Ordered: the first class whose pattern matches wins. Memory first, because an allocation
+# failure often surfaces as a ValueError from the engine's config checks.
+_PATTERNS = [
+    ("oom", re.compile(
+        r"out of memory|OutOfMemoryError|Insufficient memory|MemoryError|"
+        r"No available memory for the cache blocks|Cannot allocate memory|"
+        r"larger than the available KV cache memory|not enough (KV cache |free )?memory|"
+        r"controls the fraction of CPU memory reserved", re.I)),
+    ("invalid_config", re.compile(
+        r"error: (argument|unrecognized arguments|the following arguments)|ValidationError|"
+        r"ValueError|NotImplementedError|is not supported|not supported (for|on|by|with)|"
+        r"Invalid (value|argument|choice)|TypeError: .*(argument|config)|AssertionError", re.I)),
+]
+
+
+class TrialFailure(Exception):
+    """Raised inside the worker to end a trial early; turned into the result's failure."""
+
+    def __init__(self, klass: str, message: str, log_tail: str = ""):
+        assert klass in CLASSES, klass
+        super().__init__(message)
+        self.klass = klass
+        self.message = message
+        self.log_tail = log_tail
+
+
+def classify_log(text: str, default: str = "crashed") -> str:
+    for klass, pattern in _PATTERNS:
+        if pattern.search(text):
+            return klass
+    return default
+
+
+def log_tail(text: str, lines: int = TAIL_LINES) -> str:
+    return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,101 @@
+"""Quality through the served path: perplexity from prompt logprobs, and greedy output ids.
+
+Both go through the same server process that was benchmarked, with the same config: a separate
+path could be gamed (a server that scores perplexity text exactly but degrades generation).
+Tokenization also comes from the server (/tokenize), so this needs no tokenizer of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import httpx
+
+from sandbox.failures import TrialFailure
+from sandbox.workload import Quality
+
+# The server clamps -inf logprobs to this value; seeing it means broken numerics, not data.
+CLAMPED_LOGPROB = -9999.0
+
+
+@dataclass
+class PerplexityResult:
+    ppl: float
+    nll: float
+    tokens: int
+    windows: int
+
+
+def tokenize(client: httpx.Client, base_url: str, model: str, text: str, special: bool) -> list[int]:
+    r = client.post(f"{base_url}/tokenize",
+                    json={"model": model, "prompt": text, "add_special_tokens": special})
+    r.raise_for_status()
+    return [int(t) for t in r.json()["tokens"]]
+
+
+def windows(doc_ids: list[list[int]], bos: list[int], window_tokens: int) -> list[list[int]]:
+    """Split each document into windows that each start with BOS exactly once."""
+    body = window_tokens - len(bos)
+    out = []
+    for ids in doc_ids:
+        for i in range(0, len(ids), body):
+            piece = ids[i:i + body]
+            if len(bos) + len(piece) >= 2:
+                out.append(bos + piece)
+    return out
+
+
+def score_window(client: httpx.Client, base_url: str, model: str, ids: list[int]) -> tuple[float, int]:
+    """Negative log-likelihood of ids[1:] given their prefixes, and the count of scored tokens."""
+    r = client.post(f"{base_url}/v1/completions", json={
+        "model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
+    })
+    if r.status_code != 200:
+        raise TrialFailure("request_errors", f"prompt_logprobs request failed: HTTP {r.status_code} {r.text[:300]}")
+    plp = r.json()["choices"][0].get("prompt_logprobs")
+    if not isinstance(plp, list) or len(plp) != len(ids):
+        raise TrialFailure("bad_output", f"prompt_logprobs has {len(plp) if isinstance(plp, list) else plp!r} "
+                                         f"entries for {len(ids)} prompt tokens")
+    nll = 0.0
+    for position in range(1, len(ids)):
+        entry = (plp[position] or {}).get(str(ids[position]))
+        logprob = entry.get("logprob") if isinstance(entry, dict) else None
+        if not isinstance(logprob, (int, float)) or not math.isfinite(logprob) or logprob <= CLAMPED_LOGPROB:
+            raise TrialFailure("bad_output", f"logprob of prompt token {position} is {logprob!r}")
+        nll -= logprob
+    return nll, len(ids) - 1
+
+
+def perplexity(client: httpx.Client, base_url: str, model: str, quality: Quality) -> PerplexityResult:
+    """Token-weighted corpus perplexity over the quality set's documents."""
+    bos = tokenize(client, base_url, model, "", special=True)[:1]
+    docs = [tokenize(client, base_url, model, d, special=False) for d in quality.documents()]
+    total_nll, total_tokens = 0.0, 0
+    pieces = windows(docs, bos, quality.window_tokens)
+    for ids in pieces:
+        nll, n = score_window(client, base_url, model, ids)
+        total_nll += nll
+        total_tokens += n
+    if total_tokens == 0:
+        raise TrialFailure("bad_output", "the perplexity text produced no scorable tokens")
+    return PerplexityResult(ppl=round(math.exp(total_nll / total_tokens), 5), nll=round(total_nll, 4),
+                            tokens=total_tokens, windows=len(pieces))
+
+
+def greedy_outputs(client: httpx.Client, base_url: str, model: str, quality: Quality) -> list[dict]:
+    """Greedy completions of the comparison prompts, as output token ids."""
+    out = []
+    for item in quality.greedy_prompts:
+        r = client.post(f"{base_url}/v1/completions", json={
+            "model": model, "prompt": item["prompt"], "max_tokens": quality.greedy_max_tokens,
+            "temperature": 0.0, "return_token_ids": True,
+        })
+        if r.status_code != 200:
+            raise TrialFailure("request_errors", f"greedy request {item['id']} failed: HTTP {r.status_code} {r.text[:300]}")
+        choice = r.json()["choices"][0]
+        ids = choice.get("token_ids")
+        if not isinstance(ids, list) or not ids:
+            raise TrialFailure("bad_output", f"greedy request {item['id']} returned no token ids")
+        out.append({"id": item["id"], "token_ids": [int(t) for t in ids], "text": choice.get("text", "")})
+    return out

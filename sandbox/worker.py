@@ -1,0 +1,223 @@
+"""Run one trial on a real vLLM server and write its result as JSON.
+
+    python -m sandbox.worker trial.yaml --out result.json [--log server.log]
+
+Phases, each with a deadline: start (until /health and /v1/models answer), warm-up, benchmark,
+quality (perplexity and greedy outputs through the same server), teardown (the whole process
+tree, then a check that nothing is left and the port is free). Whatever happens, the result file
+is written and the server is gone: a failure is a classified value, never a hang.
+Exit status: 0 when a result was written, 2 when the spec was refused (result written too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from sandbox import bench, host, metrics, quality, spec as specs
+from sandbox.failures import TrialFailure, log_tail
+from sandbox.server import Server
+
+RESULT_VERSION = 1
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT reached the worker: end the trial, tear down, report."""
+
+
+class PhaseTimeout(BaseException):
+    pass
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, phase: str):
+    """A hard backstop for a phase: SIGALRM interrupts even a blocked socket read."""
+    def expire(signum, frame):
+        raise PhaseTimeout(phase)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _interrupt(signum, frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+async def _measure(server: Server, workload, timeout_s: float) -> tuple[bench.BenchResult, dict]:
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        before = await metrics.scrape(client, server.base_url)
+    sampler = metrics.Sampler(server.base_url)
+    stop = asyncio.Event()
+    sampling = asyncio.create_task(sampler.run(stop))
+    try:
+        results, wall = await bench.run_prompts(server.base_url, server.model_name, workload.prompts(),
+                                                workload, timeout_s)
+    finally:
+        stop.set()
+        await sampling
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        after = await metrics.scrape(client, server.base_url)
+    return bench.summarize(results, wall, workload), metrics.summarize(before, after, sampler)
+
+
+def run_trial(spec: specs.TrialSpec, log_path: Path) -> dict:
+    """Run every phase of one trial; never raises for a trial failure, always tears down."""
+    workload = spec.workload
+    result: dict = {
+        "result_version": RESULT_VERSION,
+        "status": "ok",
+        "failure": None,
+        "started_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": spec.model,
+        "flags": spec.flags,
+        "env": spec.env,
+        "engine": host.engine(),
+        "hardware": host.hardware(),
+        "workload": {"name": workload.name, "meter_version": workload.meter_version,
+                     "hash": workload.hash, "prompt_split": workload.prompt_split},
+        "quality_set": {"name": spec.quality.name, "hash": spec.quality.hash},
+        "timings": {},
+        "bench": None,
+        "metrics": None,
+        "quality": None,
+        "log_path": str(log_path),
+    }
+    args = spec.server_args() + (["--trust-remote-code"] if spec.trust_remote_code else [])
+    server = Server(spec.model, args, spec.env, log_path)
+    result["argv"] = server.argv[1:]
+    result["port"] = server.port
+    timings = result["timings"]
+    phase = "start"
+    clock = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.monotonic()
+        timings[f"{name}_s"] = round(now - clock, 2)
+        clock = now
+
+    try:
+        server.start()
+        with deadline(spec.deadlines.start_s + 5, phase):
+            server.wait_ready(spec.deadlines.start_s)
+        lap("start")
+
+        phase = "warmup"
+        with deadline(spec.deadlines.warmup_s, phase):
+            warm, _ = asyncio.run(bench.run_prompts(server.base_url, server.model_name,
+                                                    workload.warmup_prompts(), workload,
+                                                    spec.deadlines.warmup_s))
+        server.fail_if_dead(phase)
+        if any(not r.ok for r in warm):
+            raise TrialFailure("request_errors", f"warm-up request failed: {next(r.error for r in warm if not r.ok)}")
+        lap("warmup")
+
+        phase = "benchmark"
+        bench_s = spec.deadlines.bench_s or bench.bench_deadline_s(workload)
+        with deadline(bench_s + 10, phase):
+            measured, explained = asyncio.run(_measure(server, workload, bench_s))
+        result["bench"], result["metrics"] = measured.to_dict(), explained
+        server.fail_if_dead(phase)
+        lap("benchmark")
+        if measured.errors:
+            raise TrialFailure("request_errors", f"{measured.errors} of {measured.requests} requests failed; "
+                                                 f"first: {measured.first_error}")
+        if measured.output_tokens == 0 or measured.short_outputs:
+            raise TrialFailure("bad_output", f"{measured.short_outputs} of {measured.requests} requests did not "
+                                             f"return the {workload.max_tokens} tokens asked for with ignore_eos")
+
+        phase = "quality"
+        with deadline(spec.deadlines.quality_s, phase), httpx.Client(timeout=spec.deadlines.quality_s) as client:
+            ppl = quality.perplexity(client, server.base_url, server.model_name, spec.quality)
+            greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality)
+        server.fail_if_dead(phase)
+        result["quality"] = {"ppl": ppl.ppl, "nll": ppl.nll, "ppl_tokens": ppl.tokens,
+                             "ppl_windows": ppl.windows, "greedy": greedy}
+        lap("quality")
+    except TrialFailure as failure:
+        _fail(result, failure.klass, failure.message, failure.log_tail, log_path)
+    except PhaseTimeout:
+        if phase == "start":
+            _fail(result, "start_timeout", f"server not ready after {spec.deadlines.start_s:.0f} s", "", log_path)
+        else:
+            _fail(result, "crashed", f"server stopped answering: {phase} passed its deadline", "", log_path)
+    except Interrupted as e:
+        _fail(result, "interrupted", f"worker received {e} during {phase}", "", log_path)
+    except httpx.HTTPError as e:
+        try:
+            server.fail_if_dead(phase)
+            _fail(result, "request_errors", f"{phase}: {type(e).__name__}: {e}", "", log_path)
+        except TrialFailure as failure:
+            _fail(result, failure.klass, failure.message, failure.log_tail, log_path)
+    except Exception as e:  # noqa: BLE001 - a worker bug must still become a result, not a hang
+        _fail(result, "worker_error", f"{phase}: {type(e).__name__}: {e}", "", log_path)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let teardown finish before we go
+        clock = time.monotonic()
+        cleanup = server.stop(spec.deadlines.teardown_s)
+        lap("teardown")
+        result["cleanup"] = {"leftover_pids": cleanup.leftover_pids, "port_free": cleanup.port_free,
+                             "forced_kill": cleanup.forced_kill}
+        if not cleanup.clean and result["failure"] is None:
+            _fail(result, "unclean_teardown", f"processes {cleanup.leftover_pids} or port {server.port} "
+                                              "still held after teardown", "", log_path)
+    result["failed_phase"] = phase if result["failure"] else None
+    return result
+
+
+def _fail(result: dict, klass: str, message: str, tail: str, log_path: Path) -> None:
+    if not tail and log_path.exists():
+        tail = log_tail(log_path.read_text(errors="replace"))
+    result["status"] = "failed"
+    result["failure"] = {"class": klass, "message": message, "log_tail": tail}
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)  # a reader never sees half a result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sandbox.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("spec", type=Path, help="trial spec (YAML)")
+    parser.add_argument("--out", type=Path, required=True, help="where to write the result JSON")
+    parser.add_argument("--log", type=Path, help="server log (default: next to --out)")
+    args = parser.parse_args(argv)
+    log_path = args.log or args.out.with_suffix(".server.log")
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        spec = specs.load(args.spec)
+    except specs.SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        write_json(args.out, {"result_version": RESULT_VERSION, "status": "failed", "log_path": None,
+                              "failure": {"class": "invalid_config", "message": str(e), "log_tail": ""}})
+        return 2
+    result = run_trial(spec, log_path)
+    write_json(args.out, result)
+    line = (f"{result['status']}: {result['failure']['class']}: {result['failure']['message']}"
+            if result["failure"] else
+            f"ok: {result['bench']['tps']} tok/s, ppl {result['quality']['ppl']}")
+    print(line, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
