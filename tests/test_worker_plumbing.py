@@ -1,0 +1,121 @@
+"""The worker's phases, deadlines, classification and teardown, against the fake server seam.
+
+Each misbehaviour of the server must come back as its failure class, with the server gone.
+The same paths run against real vLLM in test_engine.py.
+"""
+
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandbox import server as server_mod
+from sandbox import spec as specs
+from sandbox.worker import run_trial
+
+FAKE = (str(Path(__file__).with_name("fake_server.py")),)
+
+
+@pytest.fixture
+def fake_mode(monkeypatch):
+    monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_MODE"))
+
+    def set_mode(mode: str) -> None:
+        monkeypatch.setenv("FAKE_MODE", mode)
+
+    return set_mode
+
+
+def trial(tmp_path, flags=None, **deadlines):
+    spec = specs.from_dict({"model": "fake", "flags": flags or {}, "workload": "smoke",
+                            "deadlines": {"start_s": 30, **deadlines}})
+    return run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
+
+
+def assert_clean(result):
+    assert result["cleanup"]["leftover_pids"] == []
+    assert result["cleanup"]["port_free"] is True
+
+
+def test_ok_trial_measures_speed_and_quality_through_the_server(tmp_path, fake_mode):
+    fake_mode("ok")
+    result = trial(tmp_path)
+    assert result["status"] == "ok", result["failure"]
+    bench = result["bench"]
+    assert bench["requests"] == 4 and bench["output_tokens"] == 4 * 32 and bench["errors"] == 0
+    assert bench["tps"] == pytest.approx(bench["output_tokens"] / bench["wall_s"], rel=0.01)
+    assert bench["ttft_ms"]["p50"] > 0 and bench["itl_ms"]["p99"] >= bench["itl_ms"]["p50"]
+    # Every prompt token scores -2.0 in the fake, so the token-weighted PPL is exactly e^2.
+    assert result["quality"]["ppl"] == pytest.approx(math.exp(2.0), rel=1e-6)
+    assert result["quality"]["ppl_tokens"] > 100
+    assert all(g["token_ids"] == [7] * 32 for g in result["quality"]["greedy"])
+    assert result["metrics"]["kv_cache_usage_max"] == 0.25
+    assert set(result["timings"]) == {"start_s", "warmup_s", "benchmark_s", "quality_s", "teardown_s"}
+    assert_clean(result)
+
+
+@pytest.mark.parametrize("mode, klass", [
+    ("exit_early", "crashed"),
+    ("errors", "request_errors"),
+    ("nan", "bad_output"),
+    ("short", "bad_output"),
+])
+def test_misbehaving_server_is_classified(tmp_path, fake_mode, mode, klass):
+    fake_mode(mode)
+    result = trial(tmp_path)
+    assert result["status"] == "failed"
+    assert result["failure"]["class"] == klass, result["failure"]
+    assert "fake server: mode" in result["failure"]["log_tail"]
+    assert_clean(result)
+
+
+def test_hung_start_is_ended_at_its_deadline(tmp_path, fake_mode):
+    fake_mode("hang")
+    started = time.monotonic()
+    result = trial(tmp_path, start_s=3)
+    assert result["failure"]["class"] == "start_timeout"
+    assert time.monotonic() - started < 30
+    assert_clean(result)
+
+
+def test_invalid_flag_value_comes_back_with_the_servers_message(tmp_path, fake_mode):
+    fake_mode("ok")
+    result = trial(tmp_path, flags={"max-num-seqs": -1})
+    assert result["failure"]["class"] == "invalid_config"
+    assert "max_num_seqs must be >= 1" in result["failure"]["message"]
+    assert_clean(result)
+
+
+def test_child_that_left_the_process_group_is_killed_too(tmp_path, fake_mode):
+    fake_mode("escapee")
+    result = trial(tmp_path)
+    assert result["status"] == "ok", result["failure"]
+    assert_clean(result)
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if p.info["cmdline"] and "time.sleep(3600)" in " ".join(p.info["cmdline"])]
+    assert leftovers == []
+
+
+def test_progress_file_ends_at_done(tmp_path, fake_mode):
+    fake_mode("ok")
+    trial(tmp_path)
+    assert '"phase": "done"' in (tmp_path / "progress.json").read_text()
+
+
+def test_worker_cli_refuses_a_bad_spec_with_one_line_and_exit_2(tmp_path):
+    import subprocess
+
+    bad = tmp_path / "trial.yaml"
+    bad.write_text("model: embedded\nenv:\n  LD_PRELOAD: /tmp/evil.so\n")
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "sandbox.worker", str(bad), "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "LD_PRELOAD" in proc.stderr and str(bad) in proc.stderr
+    assert '"invalid_config"' in out.read_text()
+
