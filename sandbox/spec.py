@@ -76,6 +76,7 @@ class TrialSpec:
     quality: Quality = field(default_factory=load_quality)
     deadlines: Deadlines = field(default_factory=Deadlines)
     trust_remote_code: bool = False
+    repeats: int = 1  # measured phases on the same server; the result reports their median
 
     def server_args(self) -> list[str]:
         """The flags as an argv tail, in the spec's order."""
@@ -140,7 +141,7 @@ def check_env(env: Any, where: str = "env") -> dict[str, str]:
 def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
-    known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code"}
+    known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code", "repeats"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SpecError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -150,6 +151,9 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     trust = raw.get("trust_remote_code", False)
     if not isinstance(trust, bool):
         raise SpecError(f"{source}.trust_remote_code: {trust!r} is not true or false")
+    repeats = raw.get("repeats", 1)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 20:
+        raise SpecError(f"{source}.repeats: {repeats!r} is not a whole number from 1 to 20")
     deadlines = raw.get("deadlines") or {}
     try:
         deadlines = Deadlines(**{k: float(v) for k, v in deadlines.items()})
@@ -168,6 +172,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         quality=quality,
         deadlines=deadlines,
         trust_remote_code=trust,
+        repeats=repeats,
     )
 
 

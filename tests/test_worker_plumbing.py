@@ -92,11 +92,12 @@ def test_invalid_flag_value_comes_back_with_the_servers_message(tmp_path, fake_m
 
 def test_child_that_left_the_process_group_is_killed_too(tmp_path, fake_mode):
     fake_mode("escapee")
+    started = time.time()
     result = trial(tmp_path)
     assert result["status"] == "ok", result["failure"]
     assert_clean(result)
-    leftovers = [p for p in psutil.process_iter(["cmdline"])
-                 if p.info["cmdline"] and "time.sleep(3600)" in " ".join(p.info["cmdline"])]
+    leftovers = [p for p in psutil.process_iter(["cmdline", "create_time"])
+                 if "time.sleep(3600)" in " ".join(p.info["cmdline"] or []) and p.info["create_time"] >= started - 1]
     assert leftovers == []
 
 

