@@ -1,0 +1,222 @@
+"""The search space: which vLLM flags and engine variables may be tuned, as data.
+
+A space file (search_space/*.yaml) lists knobs with their type and bounds, whether each is
+lossless, when it applies, and rules that exclude combinations vLLM refuses. This module loads
+and checks such a file, lets an Optuna trial sample a point of it, validates points that come
+from elsewhere (a planner), and turns a point into the flags and environment of a trial spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from sandbox.spec import ENV_ALLOWLIST, FLAG_NAME, SpecError, check_env, check_flags
+
+SPACES = Path(__file__).resolve().parents[1] / "search_space"
+TYPES = ("int", "float", "bool", "categorical")
+OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq}
+NONE = "none"  # a categorical choice that means "leave the flag out"
+
+
+class SpaceError(ValueError):
+    """A space file or a point that is wrong; the message names the file or knob and the value."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    type: str
+    lossless: bool
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple = ()
+    when: dict = field(default_factory=dict)
+    target: str = "flag"
+
+    def applies(self, point: dict) -> bool:
+        return all(point.get(k) == v for k, v in self.when.items())
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        if self.type == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
+        if self.type == "float":
+            return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+        if self.type == "bool":
+            return trial.suggest_categorical(self.name, [False, True])
+        return trial.suggest_categorical(self.name, list(self.choices))
+
+    def check(self, value: Any) -> str | None:
+        """Why value is not a point of this knob, or None."""
+        if self.type == "bool":
+            return None if isinstance(value, bool) else f"{value!r} is not true or false"
+        if self.type == "categorical":
+            return None if value in self.choices else f"{value!r} is not one of {list(self.choices)}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{value!r} is not a number"
+        if self.type == "int" and value != int(value):
+            return f"{value!r} is not a whole number"
+        if not self.low <= value <= self.high:
+            return f"{value!r} is outside [{self.low}, {self.high}]"
+        return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    require: tuple[str, str, Any]
+    reason: str
+    when: dict = field(default_factory=dict)
+
+    def broken(self, point: dict) -> bool:
+        if any(point.get(k) != v for k, v in self.when.items()):
+            return False
+        left, op, right = self.require
+        a = point.get(left)
+        b = point.get(right) if isinstance(right, str) else right
+        return a is not None and b is not None and not OPS[op](a, b)
+
+
+@dataclass(frozen=True)
+class Space:
+    path: str
+    engine: str
+    engine_version: str
+    knobs: dict[str, Knob]
+    fixed_flags: dict[str, Any]
+    fixed_env: dict[str, str]
+    rules: tuple[Rule, ...]
+    hash: str
+
+    def sample(self, trial: optuna.Trial) -> dict:
+        """Define-by-run: knobs in file order, conditional ones only where they apply."""
+        point: dict = {}
+        for knob in self.knobs.values():
+            if knob.applies(point):
+                point[knob.name] = knob.suggest(trial)
+        return point
+
+    def problems(self, point: dict) -> list[str]:
+        """Everything that makes point not a valid point of this space (empty when valid)."""
+        out = []
+        for name, value in point.items():
+            knob = self.knobs.get(name)
+            if knob is None:
+                out.append(f"{name}: not a knob of {self.path}")
+            elif (why := knob.check(value)) is not None:
+                out.append(f"{name}: {why}")
+            elif not knob.applies(point):
+                out.append(f"{name}: only applies when {knob.when}")
+        out += [f"rule broken: {r.reason}" for r in self.rules if r.broken(point)]
+        return out
+
+    def broken_rules(self, point: dict) -> list[str]:
+        return [r.reason for r in self.rules if r.broken(point)]
+
+    def lossless(self, point: dict) -> bool:
+        return all(self.knobs[name].lossless for name in point)
+
+    def to_flags_env(self, point: dict) -> tuple[dict, dict]:
+        """The trial's flags and environment: the fixed part plus the point, JSON knobs grouped."""
+        flags, env = dict(self.fixed_flags), dict(self.fixed_env)
+        for name, value in point.items():
+            knob = self.knobs[name]
+            if knob.target == "env":
+                env[name] = str(value)
+            elif "." in name:
+                flag, key = name.split(".", 1)
+                flags.setdefault(flag, {})[key] = value
+            else:
+                flags[name] = value
+        for flag, sub in list(flags.items()):  # a JSON flag whose method is "none" is left out
+            if isinstance(sub, dict) and sub.get("method") == NONE:
+                del flags[flag]
+        return flags, env
+
+
+def _expand(value: Any) -> Any:
+    if isinstance(value, str) and "{last_cpu}" in value:
+        return value.replace("{last_cpu}", str(max(os.sched_getaffinity(0))))
+    return value
+
+
+def _knob(where: str, name: str, raw: Any) -> Knob:
+    if not isinstance(raw, dict):
+        raise SpaceError(f"{where}: expected a mapping, got {raw!r}")
+    allowed = {"type", "lossless", "low", "high", "log", "choices", "when", "target"}
+    if unknown := sorted(set(raw) - allowed):
+        raise SpaceError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(allowed))})")
+    kind = raw.get("type")
+    if kind not in TYPES:
+        raise SpaceError(f"{where}.type: {kind!r} is not one of {', '.join(TYPES)}")
+    if not isinstance(raw.get("lossless"), bool):
+        raise SpaceError(f"{where}.lossless: {raw.get('lossless')!r} must be true or false")
+    target = raw.get("target", "flag")
+    if target == "env":
+        if name not in ENV_ALLOWLIST:
+            raise SpaceError(f"{where}: {name} is not an engine variable the worker allows")
+    elif target != "flag" or not FLAG_NAME.match(name.split(".", 1)[0]):
+        raise SpaceError(f"{where}: {name!r} is not a flag name, or target {target!r} is not flag or env")
+    knob = dict(name=name, type=kind, lossless=raw["lossless"], target=target,
+                when=dict(raw.get("when") or {}), log=bool(raw.get("log", False)))
+    if kind in ("int", "float"):
+        for key in ("low", "high"):
+            if isinstance(raw.get(key), bool) or not isinstance(raw.get(key), (int, float)):
+                raise SpaceError(f"{where}.{key}: {raw.get(key)!r} is not a number")
+        if raw["low"] > raw["high"] or (knob["log"] and raw["low"] <= 0):
+            raise SpaceError(f"{where}: low {raw['low']} and high {raw['high']} do not make a range")
+        knob.update(low=raw["low"], high=raw["high"])
+    if kind == "categorical":
+        choices = raw.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise SpaceError(f"{where}.choices: {choices!r} is not a non-empty list")
+        knob["choices"] = tuple(_expand(c) for c in choices)
+    return Knob(**knob)
+
+
+def load(path: str | Path) -> Space:
+    """Load and check a space file; a name without a suffix means a shipped space."""
+    path = Path(path)
+    if not path.suffix:
+        path = SPACES / f"{path}.yaml"
+    try:
+        text = path.read_text()
+        raw = yaml.safe_load(text)
+    except OSError as e:
+        raise SpaceError(f"{path}: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise SpaceError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("knobs"), dict):
+        raise SpaceError(f"{path}: expected a mapping with a 'knobs' mapping")
+    if unknown := sorted(set(raw) - {"engine", "engine_version", "fixed", "knobs", "rules"}):
+        raise SpaceError(f"{path}: unknown key {unknown[0]!r}")
+    knobs = {name: _knob(f"{path}: knobs.{name}", name, k) for name, k in raw["knobs"].items()}
+    for name, knob in knobs.items():
+        for dep, value in knob.when.items():
+            if dep not in knobs or knobs[dep].check(value):
+                raise SpaceError(f"{path}: knobs.{name}.when: {dep}={value!r} is not a value of a knob")
+    fixed = raw.get("fixed") or {}
+    try:
+        fixed_flags = check_flags(fixed.get("flags") or {}, where=f"{path}: fixed.flags")
+        fixed_env = check_env(fixed.get("env") or {}, where=f"{path}: fixed.env")
+    except SpecError as e:
+        raise SpaceError(str(e)) from None
+    rules = []
+    for i, r in enumerate(raw.get("rules") or []):
+        where = f"{path}: rules[{i}]"
+        req = r.get("require") if isinstance(r, dict) else None
+        if not (isinstance(req, list) and len(req) == 3 and req[1] in OPS and req[0] in knobs
+                and (not isinstance(req[2], str) or req[2] in knobs)):
+            raise SpaceError(f"{where}.require: {req!r} is not [knob, one of {' '.join(OPS)}, knob or number]")
+        rules.append(Rule(require=tuple(req), reason=str(r.get("reason", "")), when=dict(r.get("when") or {})))
+    digest = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return Space(path=str(path), engine=str(raw.get("engine", "")), engine_version=str(raw.get("engine_version", "")),
+                 knobs=knobs, fixed_flags=fixed_flags, fixed_env=fixed_env, rules=tuple(rules), hash=digest)

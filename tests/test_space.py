@@ -1,0 +1,72 @@
+"""Search-space files: loaded and checked, sampled by Optuna, points validated and mapped to a spec."""
+
+import optuna
+import pytest
+
+from agent import space as spaces
+from sandbox import spec as specs
+
+
+@pytest.mark.parametrize("name", ["vllm-cpu", "vllm-gpu"])
+def test_shipped_spaces_load_and_every_sample_is_a_valid_spec(name):
+    space = spaces.load(name)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(50):
+        trial = study.ask()
+        point = space.sample(trial)
+        assert [p for p in space.problems(point) if not p.startswith("rule")] == []
+        flags, env = space.to_flags_env(point)
+        specs.from_dict({"model": "m", "flags": flags, "env": env})  # the worker would accept it
+        study.tell(trial, 1.0)
+
+
+def test_conditional_knobs_only_where_they_apply():
+    space = spaces.load("vllm-cpu")
+    off = {"speculative-config.method": "none", "speculative-config.num_speculative_tokens": 4}
+    assert any("only applies when" in p for p in space.problems(off))
+    flags, _ = space.to_flags_env({"speculative-config.method": "none"})
+    assert "speculative-config" not in flags
+    flags, _ = space.to_flags_env({"speculative-config.method": "ngram", "speculative-config.num_speculative_tokens": 4})
+    assert flags["speculative-config"] == {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def test_fixed_part_reaches_every_trial_and_env_knobs_go_to_env():
+    space = spaces.load("vllm-cpu")
+    flags, env = space.to_flags_env({"VLLM_CPU_OMP_THREADS_BIND": "auto", "max-num-seqs": 4})
+    assert flags == {"max-model-len": 2048, "max-num-seqs": 4}
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+
+
+def test_rules_and_bounds():
+    space = spaces.load("vllm-cpu")
+    assert space.broken_rules({"max-num-seqs": 64, "max-num-batched-tokens": 32})
+    assert not space.broken_rules({"max-num-seqs": 64, "max-num-batched-tokens": 4096})
+    assert space.broken_rules({"enable-chunked-prefill": False, "max-num-batched-tokens": 512})
+    assert space.problems({"max-num-seqs": 0}) == ["max-num-seqs: 0 is outside [1, 256]"]
+    assert space.problems({"port": 80}) == [f"port: not a knob of {space.path}"]
+    assert space.problems({"enforce-eager": "yes"}) == ["enforce-eager: 'yes' is not true or false"]
+
+
+def test_lossless_claims():
+    space = spaces.load("vllm-cpu")
+    assert space.lossless({"max-num-seqs": 4, "enforce-eager": True})
+    assert not space.lossless({"max-num-seqs": 4, "kv-cache-dtype": "fp8_e5m2"})
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("knobs: {max-num-seqs: {type: int, low: one, high: 8, lossless: true}}", "knobs.max-num-seqs.low: 'one'"),
+    ("knobs: {max-num-seqs: {type: integer, low: 1, high: 8, lossless: true}}", "knobs.max-num-seqs.type"),
+    ("knobs: {max-num-seqs: {type: int, low: 1, high: 8}}", "knobs.max-num-seqs.lossless"),
+    ("knobs: {max-num-seqs: {type: int, low: 1, high: 8, lossless: true, hgih: 9}}", "'hgih'"),
+    ("knobs: {LD_PRELOAD: {type: categorical, choices: [x], target: env, lossless: true}}", "LD_PRELOAD"),
+    ("knobs: {a: {type: bool, lossless: true, when: {b: 1}}}", "knobs.a.when"),
+    ("knobs: {a: {type: bool, lossless: true}}\nrules: [{require: [a, '~', 1]}]", "rules[0].require"),
+    ("knobs: [oops", "not valid YAML"),
+    ("fixed: {flags: {port: 1}}\nknobs: {}", "fixed.flags.port"),
+])
+def test_broken_space_files_name_file_key_and_problem(tmp_path, body, needle):
+    path = tmp_path / "space.yaml"
+    path.write_text(body)
+    with pytest.raises(spaces.SpaceError) as err:
+        spaces.load(path)
+    assert str(err.value).startswith(str(path)) and needle in str(err.value)
