@@ -1,0 +1,76 @@
+"""Proposals as git branches, written without touching the user's working tree, index or HEAD.
+
+Each accepted candidate becomes `agent/<run-id>/<trial>` off the repository's current HEAD,
+built with plumbing: blobs and a tree through a private index file, a commit with commit-tree,
+and the ref created by update-ref with an all-zero old value, so an existing branch (ours from an
+earlier attempt, or anyone's) is never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import git
+
+PREFIX = "agent/"
+ZERO = "0" * 40
+IDENTITY = {"GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@localhost",
+            "GIT_COMMITTER_NAME": "agent", "GIT_COMMITTER_EMAIL": "agent@localhost"}
+
+
+class RepoError(ValueError):
+    pass
+
+
+def open_repo(path: Path, create: bool = False) -> git.Repo:
+    """The repository to propose into; created with a first commit when create is set."""
+    path = Path(path)
+    if create and not path.exists():
+        path.mkdir(parents=True)
+        repo = git.Repo.init(path, initial_branch="main")
+        (path / "README.md").write_text("# serving configs\n\nBranches `agent/<run>/<trial>` hold proposals.\n")
+        repo.git.add("README.md")
+        repo.git.commit("-m", "Start the repository that agent proposes serving configs into",
+                        "--no-gpg-sign", "--no-verify", env={**os.environ, **IDENTITY})
+        return repo
+    try:
+        repo = git.Repo(path)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise RepoError(f"{path} is not a git repository") from None
+    if repo.bare:
+        raise RepoError(f"{path} is a bare repository")
+    try:
+        repo.head.commit
+    except ValueError:
+        raise RepoError(f"{path} has no commits to branch from") from None
+    return repo
+
+
+def propose(repo: git.Repo, branch: str, files: dict[str, tuple[str, bool]], message: str) -> str:
+    """Commit files ({path: (text, executable)}) on top of HEAD as a new branch; return the commit."""
+    if not branch.startswith(PREFIX):
+        raise RepoError(f"branch {branch!r} is not under {PREFIX}")
+    head = repo.head.commit.hexsha
+    env = {**os.environ, **IDENTITY}
+    with tempfile.TemporaryDirectory() as tmp:
+        env["GIT_INDEX_FILE"] = str(Path(tmp) / "index")  # a private index: the user's stays untouched
+        repo.git.read_tree(head, env=env)
+        for rel, (content, executable) in sorted(files.items()):
+            blob_path = Path(tmp) / "blob"
+            blob_path.write_text(content)
+            blob = repo.git.hash_object("-w", "--no-filters", str(blob_path))
+            mode = "100755" if executable else "100644"
+            repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{rel}", env=env)
+        tree = repo.git.write_tree(env=env)
+    commit = repo.git.commit_tree(tree, "-p", head, "-m", message, "--no-gpg-sign", env=env)
+    try:
+        repo.git.update_ref(f"refs/heads/{branch}", commit, ZERO)  # create only; never overwrite
+    except git.GitCommandError as e:
+        raise RepoError(f"branch {branch} already exists; not overwritten ({e.stderr.strip()[:200]})") from None
+    return commit
+
+
+def branches(repo: git.Repo) -> list[str]:
+    return sorted(h.name for h in repo.heads if h.name.startswith(PREFIX))

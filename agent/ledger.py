@@ -1,0 +1,180 @@
+"""The ledger: every run and every trial, failures included, in one SQLite file.
+
+It is the record of a night: the Optuna study can be rebuilt from it, branches point back to
+its rows, and `agent ledger sql` reads it directly. SQLite in WAL mode with a busy timeout, so a
+reader never blocks the run that writes.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine,
+                        event, select)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
+
+
+def utcnow() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    started_at: Mapped[str] = mapped_column(String, default=utcnow)
+    deadline_at: Mapped[str] = mapped_column(String)       # fixed at the start: a restart cannot extend it
+    finished_at: Mapped[str | None] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String, default="running")  # running, finished, stopped, failed
+    model: Mapped[str] = mapped_column(String)
+    engine: Mapped[str | None] = mapped_column(String)
+    engine_version: Mapped[str | None] = mapped_column(String)
+    hardware: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    space_path: Mapped[str] = mapped_column(String)
+    space_hash: Mapped[str] = mapped_column(String)
+    workload: Mapped[str] = mapped_column(String)
+    workload_hash: Mapped[str | None] = mapped_column(String)
+    repo: Mapped[str] = mapped_column(String)
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    baseline_tps: Mapped[float | None] = mapped_column(Float)
+    baseline_ppl: Mapped[float | None] = mapped_column(Float)
+    noise: Mapped[float | None] = mapped_column(Float)     # relative spread of the baseline's instances
+    trials: Mapped[list["Trial"]] = relationship(back_populates="run", order_by="Trial.number")
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("run_id", "number"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    number: Mapped[int] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(String)            # baseline, planner, sampler
+    optuna_number: Mapped[int | None] = mapped_column(Integer)
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)   # the point of the space
+    flags: Mapped[dict[str, Any]] = mapped_column(default=dict)    # what reached vLLM
+    env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    lossless: Mapped[bool | None]
+    status: Mapped[str] = mapped_column(String, default="running")  # running, ok, failed, interrupted, skipped
+    failure_class: Mapped[str | None] = mapped_column(String)
+    failure_message: Mapped[str | None] = mapped_column(Text)
+    log_tail: Mapped[str | None] = mapped_column(Text)
+    tps: Mapped[float | None] = mapped_column(Float)
+    tps_ratio: Mapped[float | None] = mapped_column(Float)
+    ppl: Mapped[float | None] = mapped_column(Float)
+    ppl_change: Mapped[float | None] = mapped_column(Float)
+    agreement: Mapped[float | None] = mapped_column(Float)
+    ttft_p99_ms: Mapped[float | None] = mapped_column(Float)
+    itl_p99_ms: Mapped[float | None] = mapped_column(Float)
+    errors: Mapped[int | None] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    gate_passed: Mapped[bool | None]
+    gate_reasons: Mapped[list[Any]] = mapped_column(default=list)
+    branch: Mapped[str | None] = mapped_column(String)
+    commit: Mapped[str | None] = mapped_column(String)
+    timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    log_path: Mapped[str | None] = mapped_column(String)
+    rationale: Mapped[str | None] = mapped_column(Text)
+    meter: Mapped[dict[str, Any]] = mapped_column(default=dict)     # workload name, version, hash
+    started_at: Mapped[str] = mapped_column(String, default=utcnow)
+    finished_at: Mapped[str | None] = mapped_column(String)
+    run: Mapped[Run] = relationship(back_populates="trials")
+    repeats: Mapped[list["Repeat"]] = relationship(back_populates="trial", order_by="Repeat.id")
+
+
+class Repeat(Base):
+    """One measured phase behind a trial's figure (several per server, several servers for the baseline)."""
+
+    __tablename__ = "repeats"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
+    instance: Mapped[int] = mapped_column(Integer)         # which server instance of the trial
+    tps: Mapped[float] = mapped_column(Float)
+    trial: Mapped[Trial] = relationship(back_populates="repeats")
+
+
+class Ledger:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": 30})
+
+        @event.listens_for(self.engine, "connect")
+        def _pragmas(dbapi_conn, _):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        Base.metadata.create_all(self.engine)
+        self.session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def add(self, row: Base) -> Base:
+        with self.session.begin() as s:
+            s.add(row)
+        return row
+
+    def update(self, row: Base, **values: Any) -> Base:
+        with self.session.begin() as s:
+            for key, value in values.items():
+                setattr(row, key, value)
+            s.merge(row)
+        return row
+
+    def run(self, run_id: str) -> Run | None:
+        with self.session() as s:
+            return s.get(Run, run_id)
+
+    def runs(self) -> list[Run]:
+        with self.session() as s:
+            return list(s.scalars(select(Run).order_by(Run.started_at.desc())))
+
+    def trials(self, run_id: str | None = None, status: str | None = None) -> list[Trial]:
+        with self.session() as s:
+            q = select(Trial).order_by(Trial.run_id, Trial.number)
+            if run_id:
+                q = q.where(Trial.run_id == run_id)
+            if status:
+                q = q.where(Trial.status == status)
+            return list(s.scalars(q))
+
+    def trial(self, run_id: str, number: int) -> Trial | None:
+        with self.session() as s:
+            return s.scalars(select(Trial).where(Trial.run_id == run_id, Trial.number == number)).first()
+
+    def repeats(self, trial_id: int) -> list[Repeat]:
+        with self.session() as s:
+            return list(s.scalars(select(Repeat).where(Repeat.trial_id == trial_id)))
+
+    def next_number(self, run_id: str) -> int:
+        with self.session() as s:
+            last = s.scalar(select(Trial.number).where(Trial.run_id == run_id).order_by(Trial.number.desc()))
+            return 0 if last is None else last + 1
+
+    def sql(self, query: str) -> tuple[list[str], list[tuple]]:
+        """Run a read-only query: the connection is opened read-only, so writes fail."""
+        import sqlite3
+
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
+        try:
+            cur = conn.execute(query)
+            return [d[0] for d in cur.description or []], cur.fetchall()
+        finally:
+            conn.close()
+
+
+def as_dict(row: Base) -> dict:
+    return {c.name: getattr(row, c.name) for c in row.__table__.columns}
+
+
+def to_json(rows: list[Base]) -> str:
+    return json.dumps([as_dict(r) for r in rows], indent=2, default=str)
+
+
+
