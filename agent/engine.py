@@ -1,0 +1,104 @@
+"""Runs one trial in the sandbox worker: a subprocess in its own process group, with a deadline.
+
+The agent never imports vLLM. It writes the trial spec, starts `python -m sandbox.worker`, watches
+its progress file, and reads the result JSON. If the deadline passes or the agent is told to stop,
+the worker gets SIGTERM (it tears its server down and still writes a result), then SIGKILL for
+the whole group if it does not finish in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+TEARDOWN_GRACE_S = 90.0
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+def worker_env() -> dict[str, str]:
+    """The agent's environment without anything that looks like a credential."""
+    return {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in SECRET_WORDS)}
+
+
+def _failed(klass: str, message: str) -> dict:
+    return {"status": "failed", "failure": {"class": klass, "message": message, "log_tail": ""}}
+
+
+class WorkerEngine:
+    """evaluate(spec, trial_dir, timeout_s) -> the worker's result dict (never raises for a trial)."""
+
+    def evaluate(self, spec: dict, trial_dir: Path, timeout_s: float,
+                 on_phase: Callable[[str], None] = lambda phase: None) -> dict:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        spec_path, out, progress = trial_dir / "trial.yaml", trial_dir / "result.json", trial_dir / "progress.json"
+        spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        argv = [sys.executable, "-m", "sandbox.worker", str(spec_path), "--out", str(out),
+                "--progress", str(progress), "--log", str(trial_dir / "server.log")]
+        with open(trial_dir / "worker.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=worker_env(), start_new_session=True,
+                                    cwd=Path(__file__).resolve().parents[1])
+        deadline = time.monotonic() + timeout_s
+        phase, interrupted = "", None
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    self._stop(proc, progress)
+                    break
+                current = _phase(progress)
+                if current and current != phase:
+                    phase = current
+                    on_phase(phase)
+                time.sleep(0.5)
+        except KeyboardInterrupt as e:
+            interrupted = e
+            self._stop(proc, progress)
+        try:
+            result = json.loads(out.read_text())
+        except (OSError, ValueError):
+            tail = (trial_dir / "worker.log").read_text(errors="replace")[-2000:] if (trial_dir / "worker.log").exists() else ""
+            result = _failed("worker_error", f"the worker wrote no result (exit {proc.returncode})")
+            result["failure"]["log_tail"] = tail
+        if interrupted:
+            raise interrupted
+        return result
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen, progress: Path) -> None:
+        """SIGTERM the worker (it tears its server down and writes a result); if it does not
+        finish in time, SIGKILL its group and the server's, which runs in a session of its own."""
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=TEARDOWN_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        except ProcessLookupError:
+            return
+        server_pid = _read(progress).get("server_pid")
+        for pgid in (proc.pid, server_pid):
+            try:
+                if pgid:
+                    os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait()
+
+
+def _read(progress: Path) -> dict:
+    try:
+        return json.loads(progress.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _phase(progress: Path) -> str | None:
+    return _read(progress).get("phase")

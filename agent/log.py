@@ -1,0 +1,50 @@
+"""Run events: one JSON line each in runs/<run>/events.jsonl (structlog), one human line on the console."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+from rich.console import Console
+
+
+def _line(event: str, info: dict) -> str | None:
+    if event == "run":
+        return f"run {info['id']}: budget {info['budget']} (until {info['deadline']}), {info['space']}, {info['workload']}"
+    if event == "trial":
+        params = ", ".join(f"{k}={v}" for k, v in info["params"].items()) or "engine defaults"
+        return f"trial {info['number']} [{info['source']}]: {params}"
+    if event == "phase":
+        return f"  [dim]trial {info['number']}: {info['phase']}[/]"
+    if event == "baseline":
+        instances = ", ".join(f"{x:.2f}" for x in info["instances"])
+        return (f"baseline: {info['tps']:.2f} tok/s (instances {instances}; noise ±{info['noise']:.1%}), "
+                f"ppl {info['ppl']:.4f}")
+    if event == "result":
+        t = info["row"]
+        if t.status != "ok":
+            return f"trial {t.number} [red]{t.failure_class}[/]: {(t.failure_message or '')[:160]}"
+        verdict = f"[green]accepted[/] {t.branch}" if t.branch else "rejected: " + "; ".join(t.gate_reasons)[:200]
+        return (f"trial {t.number}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x), ppl {t.ppl_change:+.2%}, "
+                f"agreement {t.agreement:.0%}; {verdict}")
+    return None
+
+
+def event_logger(path: Path, console: Console) -> Callable[..., None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("a")
+    log = structlog.wrap_logger(
+        structlog.WriteLogger(handle),
+        processors=[structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.JSONRenderer(default=str)])
+
+    def say(event: str, **info) -> None:
+        row = info.get("row")
+        log.info(event, **({**info, "row": {"number": row.number, "status": row.status}} if row else info))
+        handle.flush()
+        line = _line(event, info)
+        if line:
+            console.print(line, highlight=False)
+
+    return say

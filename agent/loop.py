@@ -1,0 +1,198 @@
+"""The overnight loop: baseline first, then ask Optuna, run, gate, record, propose, until the deadline.
+
+Data flows one way: study (what to try) -> worker (a real server measures it) -> gate (is it
+better and no worse) -> ledger (every trial, failures included) -> git (accepted ones only).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import optuna
+
+from agent import gitops, proposal
+from agent.budget import seconds_left
+from agent.gate import Baseline, GateSettings, check
+from agent.ledger import Ledger, Repeat, Run, Trial, utcnow
+from agent.space import Space
+
+
+# multivariate/group/constraints TPE are marked experimental; they are what this loop needs.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class Engine(Protocol):
+    def evaluate(self, spec: dict, trial_dir: Path, timeout_s: float,
+                 on_phase: Callable[[str], None] = ...) -> dict: ...
+
+
+@dataclass
+class Settings:
+    model: str
+    workload: str
+    gate: GateSettings = field(default_factory=GateSettings)
+    baseline_instances: int = 2
+    repeats: int = 3
+    seed: int = 0
+
+
+class BaselineFailed(RuntimeError):
+    pass
+
+
+def say_nothing(event: str, **info) -> None:
+    pass
+
+
+def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine,
+               repo, storage: str, say: Callable = say_nothing) -> Run:
+    """Search until the run's deadline; returns the finished run row."""
+    base = measure_baseline(run, settings, space, ledger, engine, say)
+    study = optuna.create_study(
+        study_name=run.id, storage=storage, direction="maximize", load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, n_startup_trials=4,
+                                           constraints_func=lambda t: t.user_attrs.get("constraint", [1.0])))
+    seen: dict[str, float] = {}
+    while (left := seconds_left(run.deadline_at)) > expected_trial_s(ledger, run):
+        trial = study.ask()
+        point = space.sample(trial)
+        key = repr(sorted(point.items()))
+        if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
+            trial.set_user_attr("constraint", [0.0 if seen[key] > 0 else 1.0])
+            study.tell(trial, seen[key])
+            continue
+        row = start_trial(run, ledger, space, point, "sampler", trial.number)
+        if broken := space.broken_rules(point):
+            value, constraint = 0.0, 1.0
+            finish(ledger, row, status="skipped", failure_class="invalid_config",
+                   failure_message=f"excluded by the space's rules: {'; '.join(broken)}")
+        else:
+            value, constraint = evaluate(run, row, settings, space, ledger, engine, base, repo, left, say)
+        seen[key] = value
+        trial.set_user_attr("constraint", [constraint])
+        study.tell(trial, value)
+    return ledger.update(run, status="finished", finished_at=utcnow())
+
+
+def expected_trial_s(ledger: Ledger, run: Run) -> float:
+    """The longest trial so far: no trial starts that the measured times say cannot finish."""
+    durations = [t.timings.get("total_s", 0) for t in ledger.trials(run.id) if t.status in ("ok", "failed")]
+    return max(durations, default=0.0)
+
+
+def spec_for(run: Run, settings: Settings, flags: dict, env: dict) -> dict:
+    return {"model": settings.model, "flags": flags, "env": env, "workload": settings.workload,
+            "repeats": settings.repeats}
+
+
+def start_trial(run: Run, ledger: Ledger, space: Space, point: dict, source: str,
+                optuna_number: int | None = None, rationale: str | None = None) -> Trial:
+    flags, env = space.to_flags_env(point)
+    return ledger.add(Trial(run_id=run.id, number=ledger.next_number(run.id), source=source,
+                            optuna_number=optuna_number, params=point, flags=flags, env=env,
+                            lossless=space.lossless(point), rationale=rationale))
+
+
+def run_worker(run: Run, row: Trial, settings: Settings, engine: Engine, timeout_s: float, say: Callable) -> dict:
+    say("trial", number=row.number, source=row.source, params=row.params)
+    trial_dir = Path(run.settings["home"]) / run.id / f"trial-{row.number:03d}"
+    started = utcnow()
+    t0 = time.monotonic()
+    result = engine.evaluate(spec_for(run, settings, row.flags, row.env), trial_dir, timeout_s,
+                             on_phase=lambda phase: say("phase", number=row.number, phase=phase))
+    result.setdefault("timings", {})["total_s"] = round(time.monotonic() - t0, 1)
+    result["started_at"] = started
+    return result
+
+
+def record(ledger: Ledger, row: Trial, result: dict) -> None:
+    failure = result.get("failure") or {}
+    bench, quality = result.get("bench") or {}, result.get("quality") or {}
+    values = dict(
+        status=result.get("status", "failed"), failure_class=failure.get("class"),
+        failure_message=failure.get("message"), log_tail=failure.get("log_tail") or None,
+        tps=bench.get("tps"), ppl=quality.get("ppl"), errors=bench.get("errors"),
+        ttft_p99_ms=(bench.get("ttft_ms") or {}).get("p99"), itl_p99_ms=(bench.get("itl_ms") or {}).get("p99"),
+        metrics=result.get("metrics") or {}, timings=result.get("timings") or {}, log_path=result.get("log_path"),
+        meter=result.get("workload") or {}, finished_at=utcnow())
+    ledger.update(row, **values)
+    with ledger.session.begin() as s:
+        for tps in bench.get("repeats_tps") or []:
+            s.add(Repeat(trial_id=row.id, instance=0, tps=tps))
+
+
+def finish(ledger: Ledger, row: Trial, **values) -> None:
+    ledger.update(row, finished_at=utcnow(), **values)
+
+
+def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine,
+                     say: Callable) -> Baseline:
+    """Engine defaults (the space's fixed part only) on several server instances: this gives the noise."""
+    rows = [t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"]
+    results = []
+    while len(rows) + len(results) < settings.baseline_instances:
+        row = start_trial(run, ledger, space, {}, "baseline", rationale="engine defaults")
+        result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say)
+        record(ledger, row, result)
+        if result.get("status") != "ok":
+            failure = result.get("failure") or {}
+            raise BaselineFailed(f"the baseline config failed ({failure.get('class')}): {failure.get('message')}")
+        results.append((row, result))
+    rows = [t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"]
+    instance_tps = [r.tps for r in rows]
+    tps = statistics.median(instance_tps)
+    within = [ledger.repeats(r.id) for r in rows]
+    spread_between = max(abs(x - tps) for x in instance_tps) / tps
+    spread_within = max(((max(x.tps for x in reps) - min(x.tps for x in reps)) / 2 / tps for reps in within if reps),
+                        default=0.0)
+    noise = round(max(spread_between, spread_within), 4)
+    ppl = statistics.fmean(r.ppl for r in rows)
+    first = rows[0]
+    greedy = _greedy(first, results)
+    for row in rows:
+        ledger.update(row, tps_ratio=round(row.tps / tps, 4), ppl_change=round(row.ppl / ppl - 1, 5),
+                      gate_passed=None, gate_reasons=["baseline"])
+    ledger.update(run, baseline_tps=tps, baseline_ppl=ppl, noise=noise)
+    say("baseline", tps=tps, ppl=ppl, noise=noise, instances=instance_tps)
+    return Baseline(tps=tps, ppl=ppl, greedy=greedy, noise=noise)
+
+
+def _greedy(row: Trial, results: list) -> list[list[int]]:
+    # Greedy ids live in the worker's result file, not in the ledger's columns.
+    for r, result in results:
+        if r.id == row.id:
+            return [g["token_ids"] for g in result["quality"]["greedy"]]
+    path = Path(row.log_path or "").with_name("result.json")
+    return [g["token_ids"] for g in json.loads(path.read_text())["quality"]["greedy"]]
+
+
+def evaluate(run: Run, row: Trial, settings: Settings, space: Space, ledger: Ledger, engine: Engine,
+             base: Baseline, repo, timeout_s: float, say: Callable) -> tuple[float, float]:
+    """Run one candidate, gate it, record it, propose it if accepted; returns (value, constraint)."""
+    result = run_worker(run, row, settings, engine, timeout_s, say)
+    record(ledger, row, result)
+    verdict = check(result, base, row.lossless, settings.gate)
+    ledger.update(row, gate_passed=verdict.passed, gate_reasons=verdict.reasons, tps_ratio=verdict.tps_ratio,
+                  ppl_change=verdict.ppl_change, agreement=verdict.agreement)
+    if result.get("status") != "ok":
+        say("result", number=row.number, row=row)
+        return 0.0, 1.0
+    if verdict.passed:
+        branch = f"agent/{run.id}/{row.number}"
+        try:
+            commit = gitops.propose(repo, branch, proposal.files(run, row, result), proposal.message(run, row))
+            ledger.update(row, branch=branch, commit=commit)
+        except gitops.RepoError as e:
+            ledger.update(row, gate_reasons=[*verdict.reasons, f"not committed: {e}"])
+    say("result", number=row.number, row=row)
+    tol = settings.gate.ppl_tolerance
+    quality_excess = max(verdict.ppl_change - tol, (1 - verdict.agreement) if row.lossless else 0.0)
+    return verdict.tps_ratio, quality_excess

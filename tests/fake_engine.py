@@ -1,0 +1,42 @@
+"""A deterministic engine at the worker seam, for testing the loop in seconds.
+
+TPS is an analytic function of the flags; some regions fail the way real vLLM does. Results have
+the worker's shape, so the loop, gate, ledger and git see what they would see from a real trial.
+"""
+
+import time
+
+GREEDY = [[10 + i, 20 + i, 30 + i] for i in range(8)]
+
+
+class FakeEngine:
+    def __init__(self, delay_s: float = 0.02):
+        self.delay_s = delay_s
+        self.calls = 0
+
+    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        self.calls += 1
+        time.sleep(self.delay_s)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        flags, env = spec["flags"], spec["env"]
+        on_phase("start")
+        if flags.get("max-num-seqs", 1) > 128:
+            return {"status": "failed", "failure": {"class": "oom", "message": "fake: out of memory", "log_tail": "OOM"},
+                    "timings": {}, "workload": {"name": spec["workload"]}}
+        tps = 18.0 * (1.5 if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" else 1.0)
+        tps *= 0.8 if flags.get("enforce-eager") else 1.0
+        tps *= 1.1 if "speculative-config" in flags else 1.0
+        tps *= 1 + 0.005 * (self.calls % 3)          # instance-to-instance noise, about ±0.5%
+        ppl = 8.5 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 8.0
+        greedy = [list(g) for g in GREEDY]
+        if flags.get("block-size") == 128:          # a "lossless" knob that is not: flips one token
+            greedy[0][2] += 1
+        return {
+            "status": "ok", "failure": None, "log_path": str(trial_dir / "server.log"),
+            "workload": {"name": spec["workload"], "hash": "fake", "meter_version": 1},
+            "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps, tps * 1.002, tps * 0.998],
+                      "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}},
+            "quality": {"ppl": ppl, "greedy": [{"token_ids": g} for g in greedy]},
+            "metrics": {"kv_cache_usage_max": 0.1}, "timings": {"start_s": 0.01},
+            "engine": {"name": "fake", "version": "0"}, "hardware": {"kind": "cpu"},
+        }

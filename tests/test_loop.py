@@ -1,0 +1,100 @@
+"""The loop end to end with a deterministic engine at the worker seam: real Optuna, SQLite, git."""
+
+import subprocess
+from datetime import datetime, timezone
+
+import optuna
+import pytest
+import yaml
+
+from agent import budget, gitops, space as spaces
+from agent.gate import GateSettings
+from agent.ledger import Ledger, Run
+from agent.loop import Settings, run_search
+from fake_engine import FakeEngine
+
+
+@pytest.fixture
+def night(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    repo = gitops.open_repo(tmp_path / "proposals", create=True)
+    space = spaces.load("vllm-cpu")
+    now = datetime.now(timezone.utc)
+    run = ledger.add(Run(id="r1", deadline_at=budget.deadline_after(4, now).isoformat(), model="m",
+                         space_path=space.path, space_hash=space.hash, workload="smoke", repo=str(repo.working_dir),
+                         settings={"home": str(tmp_path)}))
+    engine = FakeEngine()
+    events = []
+    finished = run_search(run, Settings(model="m", workload="smoke", gate=GateSettings()), space, ledger, engine,
+                          repo, f"sqlite:///{tmp_path / 'optuna.sqlite'}", lambda e, **i: events.append((e, i)))
+    return ledger, repo, finished, tmp_path, events
+
+
+def test_baseline_first_then_sampler_trials_until_the_deadline(night):
+    ledger, _, run, tmp_path, _ = night
+    trials = ledger.trials("r1")
+    assert [t.source for t in trials[:2]] == ["baseline", "baseline"]
+    assert all(t.source == "sampler" for t in trials[2:]) and len(trials) > 10
+    assert run.status == "finished" and run.baseline_tps > 0 and 0 < run.noise < 0.02
+    assert datetime.fromisoformat(run.finished_at) <= datetime.fromisoformat(run.deadline_at).replace(microsecond=0) \
+        .__add__(__import__("datetime").timedelta(seconds=2))
+
+
+def test_failures_are_classified_and_fed_back_to_the_sampler(night):
+    ledger, _, _, tmp_path, _ = night
+    oom = [t for t in ledger.trials("r1") if t.failure_class == "oom"]
+    skipped = [t for t in ledger.trials("r1") if t.status == "skipped"]
+    assert oom and all(t.status == "failed" and t.gate_passed is False for t in oom)
+    assert all("rules" in t.failure_message for t in skipped)
+    study = optuna.load_study(study_name="r1", storage=f"sqlite:///{tmp_path / 'optuna.sqlite'}")
+    by_number = {t.number: t for t in study.trials}
+    for t in oom + skipped:
+        told = by_number[t.optuna_number]
+        assert told.value == 0.0 and told.user_attrs["constraint"] == [1.0]
+
+
+def test_gate_rejects_lossy_quality_loss_and_broken_lossless_claims(night):
+    ledger, _, _, _, _ = night
+    for t in ledger.trials("r1"):
+        if t.status != "ok" or t.source == "baseline":
+            continue
+        if str(t.params.get("kv-cache-dtype", "auto")).startswith("fp8"):
+            assert not t.gate_passed and any("perplexity" in r for r in t.gate_reasons)
+        if t.lossless and t.params.get("block-size") == 128:
+            assert not t.gate_passed and any("broken lossless claim" in r for r in t.gate_reasons)
+        if t.gate_passed:
+            assert t.tps_ratio > 1 + ledger.run("r1").noise
+
+
+def test_every_accepted_trial_has_a_branch_holding_its_config(night):
+    ledger, repo, _, _, _ = night
+    accepted = [t for t in ledger.trials("r1") if t.gate_passed]
+    assert accepted, "the fake's OMP binding gives 1.5x; the search should find it in 4 seconds"
+    assert sorted(t.branch for t in accepted) == gitops.branches(repo)
+    for t in accepted:
+        config = yaml.safe_load(repo.git.show(f"{t.branch}:serving/config.yaml"))
+        assert config == t.flags and repo.commit(t.branch).hexsha == t.commit
+        message = repo.commit(t.branch).message
+        assert f"trial {t.number}: {t.tps:.2f} tok/s" in message and "Agent-Run: r1" in message
+    rejected = [t for t in ledger.trials("r1") if t.gate_passed is False]
+    assert all(t.branch is None for t in rejected)
+
+
+def test_cli_reads_the_ledger(night, monkeypatch):
+    ledger, _, _, tmp_path, _ = night
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    from typer.testing import CliRunner
+
+    from agent.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["ledger", "--run", "r1", "--csv"])
+    assert result.exit_code == 0 and result.stdout.count("\n") == len(ledger.trials("r1")) + 1
+    result = runner.invoke(app, ["ledger", "show", "0", "--run", "r1"])
+    assert result.exit_code == 0 and '"source": "baseline"' in result.stdout
+    result = runner.invoke(app, ["ledger", "sql", "select count(*) as n from trials where status = 'failed'"])
+    assert result.exit_code == 0
+    result = runner.invoke(app, ["ledger", "sql", "delete from trials"])
+    assert result.exit_code == 2 and "readonly" in result.stderr.replace(" ", "").lower()
+    result = runner.invoke(app, ["branches", "--run", "r1"])
+    assert result.exit_code == 0 and "agent/r1/" in result.stdout
