@@ -70,7 +70,7 @@ def run(
     ppl_max: float = typer.Option(None, help="Optional absolute perplexity bound."),
     min_gain: float = typer.Option(0.0, help="Gain required on top of the measured noise, e.g. 0.02."),
     baseline_instances: int = typer.Option(2, min=1, max=10, help="Server instances the baseline is measured on."),
-    repeats: int = typer.Option(3, min=1, max=20, help="Measured repeats per server instance."),
+    repeats: int = typer.Option(2, min=1, max=20, help="Measured repeats per server instance."),
     seed: int = typer.Option(0, help="Sampler seed."),
 ) -> None:
     """Measure the defaults, then search until the budget is spent; accepted configs become branches."""
@@ -119,7 +119,7 @@ def run(
                   "min_gain": min_gain}))
     say = event_logger(home / run_id / "events.jsonl", console)
     say("run", id=run_id, budget=budget_text, deadline=row.deadline_at, space=space.path, workload=workload)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
     try:
         run_search(row, settings, space, ledger, WorkerEngine(), proposals,
                    f"sqlite:///{home / 'optuna.sqlite'}", say)
@@ -131,6 +131,10 @@ def run(
         _close_interrupted(ledger, run_id, "failed")
         raise fail(str(e), 1) from None
     _summary(ledger, run_id)
+
+
+def _stop_like_ctrl_c(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends the trial in flight and stops cleanly, as Ctrl-C does
 
 
 def _close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None:

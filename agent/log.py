@@ -14,7 +14,8 @@ def _line(event: str, info: dict) -> str | None:
         return f"run {info['id']}: budget {info['budget']} (until {info['deadline']}), {info['space']}, {info['workload']}"
     if event == "trial":
         params = ", ".join(f"{k}={v}" for k, v in info["params"].items()) or "engine defaults"
-        return f"trial {info['number']} [{info['source']}]: {params}"
+        best = f"best {info['best']:.3f}x" if info.get("best") else "no accepted config yet"
+        return (f"trial {info['number']} [{info['source']}] ({info['left_s'] / 60:.0f} min left, {best}): {params}")
     if event == "phase":
         return f"  [dim]trial {info['number']}: {info['phase']}[/]"
     if event == "baseline":

@@ -70,6 +70,7 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
             study.tell(trial, seen[key])
             continue
         row = start_trial(run, ledger, space, point, "sampler", trial.number)
+        say("trial", number=row.number, source=row.source, params=point, left_s=left, best=best_ratio(ledger, run))
         if broken := space.broken_rules(point):
             value, constraint = 0.0, 1.0
             finish(ledger, row, status="skipped", failure_class="invalid_config",
@@ -101,8 +102,11 @@ def start_trial(run: Run, ledger: Ledger, space: Space, point: dict, source: str
                             lossless=space.lossless(point), rationale=rationale))
 
 
+def best_ratio(ledger: Ledger, run: Run) -> float | None:
+    return max((t.tps_ratio for t in ledger.trials(run.id) if t.gate_passed), default=None)
+
+
 def run_worker(run: Run, row: Trial, settings: Settings, engine: Engine, timeout_s: float, say: Callable) -> dict:
-    say("trial", number=row.number, source=row.source, params=row.params)
     trial_dir = Path(run.settings["home"]) / run.id / f"trial-{row.number:03d}"
     started = utcnow()
     t0 = time.monotonic()
@@ -140,6 +144,7 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
     results = []
     while len(rows) + len(results) < settings.baseline_instances:
         row = start_trial(run, ledger, space, {}, "baseline", rationale="engine defaults")
+        say("trial", number=row.number, source="baseline", params={}, left_s=seconds_left(run.deadline_at), best=None)
         result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say)
         record(ledger, row, result)
         if result.get("status") != "ok":

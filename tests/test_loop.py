@@ -98,3 +98,33 @@ def test_cli_reads_the_ledger(night, monkeypatch):
     assert result.exit_code == 2 and "readonly" in result.stderr.replace(" ", "").lower()
     result = runner.invoke(app, ["branches", "--run", "r1"])
     assert result.exit_code == 0 and "agent/r1/" in result.stdout
+
+
+class StopAt(FakeEngine):
+    """Raises KeyboardInterrupt (what Ctrl-C and SIGTERM become) on the n-th evaluation."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        if self.calls + 1 == self.n:
+            raise KeyboardInterrupt
+        return super().evaluate(spec, trial_dir, timeout_s, on_phase)
+
+
+def test_interrupt_ends_the_trial_in_flight_and_stops_cleanly(tmp_path):
+    from agent.cli import _close_interrupted
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    space = spaces.load("vllm-cpu")
+    run = ledger.add(Run(id="r2", deadline_at=budget.deadline_after(60).isoformat(), model="m",
+                         space_path=space.path, space_hash=space.hash, workload="smoke", repo="",
+                         settings={"home": str(tmp_path)}))
+    with pytest.raises(KeyboardInterrupt):
+        run_search(run, Settings(model="m", workload="smoke"), space, ledger, StopAt(4),
+                   gitops.open_repo(tmp_path / "p", create=True), f"sqlite:///{tmp_path / 'o.sqlite'}")
+    _close_interrupted(ledger, "r2", "stopped")
+    statuses = [t.status for t in ledger.trials("r2")]
+    assert statuses[-1] == "interrupted" and "running" not in statuses
+    assert ledger.run("r2").status == "stopped" and ledger.run("r2").finished_at
