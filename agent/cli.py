@@ -165,6 +165,33 @@ def branches(run_id: str = typer.Option(None, "--run", help="Only this run.")) -
     out.print(table if rows else "no proposals yet")
 
 
+@app.command()
+def verify(
+    branch: str,
+    rounds: int = typer.Option(1, min=1, max=10, help="Interleaved rounds: defaults then candidate, fresh servers."),
+    split: str = typer.Option("heldout", help="Prompt split: heldout (never seen by the search) or search."),
+) -> None:
+    """Re-measure a proposed branch against the defaults on fresh servers; print the ratio."""
+    from agent.engine import WorkerEngine
+    from agent.verify import VerifyError, verify as run_verify
+
+    ledger = open_ledger()
+    parts = branch.split("/")
+    run_row = ledger.run(parts[1]) if len(parts) == 3 and parts[0] == "agent" else None
+    if run_row is None:
+        raise fail(f"{branch!r} is not a branch agent/<run-id>/<trial> of a run in the ledger")
+    try:
+        repo = gitops.open_repo(Path(run_row.repo))
+        report = run_verify(ledger, repo, branch, WorkerEngine(), paths.home() / run_row.id / "verify",
+                            rounds, split, say=lambda m: console.print(m, highlight=False))
+    except (VerifyError, gitops.RepoError) as e:
+        raise fail(str(e), 1) from None
+    out.print(f"{branch}: recorded {report['recorded_ratio']:.3f}x; re-measured {report['ratio']:.3f}x on "
+              f"{split} prompts (defaults {report['defaults_tps']}, candidate {report['candidate_tps']} tok/s); "
+              f"{'within' if report['within_noise'] else 'OUTSIDE'} ±{2 * report['noise']:.1%} of the claim",
+              highlight=False)
+
+
 @ledger_app.callback(invoke_without_command=True)
 def ledger_list(
     ctx: typer.Context,

@@ -128,3 +128,14 @@ def test_interrupt_ends_the_trial_in_flight_and_stops_cleanly(tmp_path):
     statuses = [t.status for t in ledger.trials("r2")]
     assert statuses[-1] == "interrupted" and "running" not in statuses
     assert ledger.run("r2").status == "stopped" and ledger.run("r2").finished_at
+
+
+def test_verify_re_measures_a_branch_against_the_defaults(night):
+    from agent.verify import verify
+
+    ledger, repo, run, tmp_path, _ = night
+    best = max((t for t in ledger.trials("r1") if t.branch), key=lambda t: t.tps_ratio)
+    report = verify(ledger, repo, best.branch, FakeEngine(), tmp_path / "verify", rounds=2, say=lambda m: None)
+    assert report["rounds"] == 2 and len(report["ratios"]) == 2
+    assert report["ratio"] == pytest.approx(best.tps_ratio, rel=0.03)
+    assert report["split"] == "heldout"
