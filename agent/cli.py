@@ -101,7 +101,8 @@ def run(
     except gitops.RepoError as e:
         raise fail(f"--repo: {e}") from None
     if model == "embedded":
-        console.print("preparing the embedded model (once; about 2 minutes)...")
+        if not embedded.is_ready(embedded.default_dir()):
+            console.print("preparing the embedded model (once; about 2 minutes)...")
         model = str(embedded.prepare(say=lambda s: console.print(f"  {s}")))
 
     ledger = open_ledger()

