@@ -72,6 +72,7 @@ def run(
     baseline_instances: int = typer.Option(2, min=1, max=10, help="Server instances the baseline is measured on."),
     repeats: int = typer.Option(2, min=1, max=20, help="Measured repeats per server instance."),
     seed: int = typer.Option(0, help="Sampler seed."),
+    sampler_per_planner: int = typer.Option(1, min=0, max=100, help="Sampler trials between two planner trials."),
 ) -> None:
     """Measure the defaults, then search until the budget is spent; accepted configs become branches."""
     from agent.engine import WorkerEngine
@@ -109,7 +110,9 @@ def run(
     now = datetime.now(timezone.utc)
     run_id = now.strftime("%Y%m%d-%H%M%S")
     settings = Settings(model=model, workload=workload, baseline_instances=baseline_instances, repeats=repeats,
-                        seed=seed, gate=GateSettings(ppl_tolerance=ppl_tolerance, ppl_max=ppl_max, min_gain=min_gain))
+                        seed=seed, gate=GateSettings(ppl_tolerance=ppl_tolerance, ppl_max=ppl_max, min_gain=min_gain),
+                        sampler_per_planner=sampler_per_planner,
+                        facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
     engine = engine_info()
     row = ledger.add(ledgers.Run(
         id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"), model=model,
@@ -117,7 +120,7 @@ def run(
         space_hash=space.hash, workload=workload, workload_hash=meter.hash, repo=str(proposals.working_dir),
         settings={"home": str(home), "budget_s": budget_s, "baseline_instances": baseline_instances,
                   "repeats": repeats, "seed": seed, "ppl_tolerance": ppl_tolerance, "ppl_max": ppl_max,
-                  "min_gain": min_gain}))
+                  "min_gain": min_gain, "sampler_per_planner": sampler_per_planner, "planner": "builtin"}))
     say = event_logger(home / run_id / "events.jsonl", console)
     say("run", id=run_id, budget=budget_text, deadline=row.deadline_at, space=space.path, workload=workload)
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)

@@ -15,7 +15,8 @@ def _line(event: str, info: dict) -> str | None:
     if event == "trial":
         params = ", ".join(f"{k}={v}" for k, v in info["params"].items()) or "engine defaults"
         best = f"best {info['best']:.3f}x" if info.get("best") else "no accepted config yet"
-        return (f"trial {info['number']} [{info['source']}] ({info['left_s'] / 60:.0f} min left, {best}): {params}")
+        why = f"\n    why: {info['rationale']}" if info.get("rationale") and info["source"] == "planner" else ""
+        return f"trial {info['number']} [{info['source']}] ({info['left_s'] / 60:.0f} min left, {best}): {params}{why}"
     if event == "phase":
         return f"  [dim]trial {info['number']}: {info['phase']}[/]"
     if event == "baseline":

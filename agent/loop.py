@@ -21,6 +21,7 @@ from agent import gitops, proposal
 from agent.budget import seconds_left
 from agent.gate import Baseline, GateSettings, check
 from agent.ledger import Ledger, Repeat, Run, Trial, utcnow
+from agent.planner import BuiltinPlanner, Planner
 from agent.space import Space
 
 
@@ -42,6 +43,8 @@ class Settings:
     baseline_instances: int = 2
     repeats: int = 3
     seed: int = 0
+    sampler_per_planner: int = 1   # sampler trials between two planner trials
+    facts: dict = field(default_factory=dict)  # hardware and workload facts for the planner
 
 
 class BaselineFailed(RuntimeError):
@@ -53,24 +56,34 @@ def say_nothing(event: str, **info) -> None:
 
 
 def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine,
-               repo, storage: str, say: Callable = say_nothing) -> Run:
+               repo, storage: str, say: Callable = say_nothing, planner: Planner | None = None) -> Run:
     """Search until the run's deadline; returns the finished run row."""
+    planner = planner or BuiltinPlanner()
     base = measure_baseline(run, settings, space, ledger, engine, say)
     study = optuna.create_study(
         study_name=run.id, storage=storage, direction="maximize", load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, n_startup_trials=4,
                                            constraints_func=lambda t: t.user_attrs.get("constraint", [1.0])))
     seen: dict[str, float] = {}
+    since_planner = settings.sampler_per_planner  # the planner goes first
     while (left := seconds_left(run.deadline_at)) > expected_trial_s(ledger, run):
+        if since_planner >= settings.sampler_per_planner and not waiting(study):
+            enqueue(study, planner.propose(space, run, ledger.trials(run.id), settings.facts, k=1))
         trial = study.ask()
-        point = space.sample(trial)
+        source = trial.user_attrs.get("source", "sampler")
+        # A planner's proposal is exactly its knobs (the rest stay at engine defaults); the
+        # sampler's own trials walk the whole space.
+        point = ({n: space.knobs[n].suggest(trial) for n in trial.user_attrs["knobs"]}
+                 if source == "planner" else space.sample(trial))
+        since_planner = 0 if source == "planner" else since_planner + 1
         key = repr(sorted(point.items()))
         if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
             trial.set_user_attr("constraint", [0.0 if seen[key] > 0 else 1.0])
             study.tell(trial, seen[key])
             continue
-        row = start_trial(run, ledger, space, point, "sampler", trial.number)
-        say("trial", number=row.number, source=row.source, params=point, left_s=left, best=best_ratio(ledger, run))
+        row = start_trial(run, ledger, space, point, source, trial.number, trial.user_attrs.get("rationale"))
+        say("trial", number=row.number, source=row.source, params=point, left_s=left,
+            best=best_ratio(ledger, run), rationale=row.rationale)
         if broken := space.broken_rules(point):
             value, constraint = 0.0, 1.0
             finish(ledger, row, status="skipped", failure_class="invalid_config",
@@ -81,6 +94,16 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         trial.set_user_attr("constraint", [constraint])
         study.tell(trial, value)
     return ledger.update(run, status="finished", finished_at=utcnow())
+
+
+def waiting(study: optuna.Study) -> bool:
+    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+
+
+def enqueue(study: optuna.Study, proposals: list) -> None:
+    for p in proposals:
+        study.enqueue_trial(p.params, user_attrs={"source": "planner", "rationale": p.rationale,
+                                                  "expected": p.expected, "knobs": list(p.params)})
 
 
 def expected_trial_s(ledger: Ledger, run: Run) -> float:

@@ -25,7 +25,8 @@ def night(tmp_path):
                          settings={"home": str(tmp_path)}))
     engine = FakeEngine()
     events = []
-    finished = run_search(run, Settings(model="m", workload="smoke", gate=GateSettings()), space, ledger, engine,
+    settings = Settings(model="m", workload="smoke", gate=GateSettings(), facts={"cpus": 2, "concurrency": 1})
+    finished = run_search(run, settings, space, ledger, engine,
                           repo, f"sqlite:///{tmp_path / 'optuna.sqlite'}", lambda e, **i: events.append((e, i)))
     return ledger, repo, finished, tmp_path, events
 
@@ -34,7 +35,7 @@ def test_baseline_first_then_sampler_trials_until_the_deadline(night):
     ledger, _, run, tmp_path, _ = night
     trials = ledger.trials("r1")
     assert [t.source for t in trials[:2]] == ["baseline", "baseline"]
-    assert all(t.source == "sampler" for t in trials[2:]) and len(trials) > 10
+    assert {t.source for t in trials[2:]} == {"planner", "sampler"} and len(trials) > 10
     assert run.status == "finished" and run.baseline_tps > 0 and 0 < run.noise < 0.02
     assert datetime.fromisoformat(run.finished_at) <= datetime.fromisoformat(run.deadline_at).replace(microsecond=0) \
         .__add__(__import__("datetime").timedelta(seconds=2))
@@ -139,3 +140,16 @@ def test_verify_re_measures_a_branch_against_the_defaults(night):
     assert report["rounds"] == 2 and len(report["ratios"]) == 2
     assert report["ratio"] == pytest.approx(best.tps_ratio, rel=0.03)
     assert report["split"] == "heldout"
+
+
+def test_planner_goes_first_builds_on_the_best_and_says_why(night):
+    ledger, _, _, _, _ = night
+    trials = ledger.trials("r1")
+    first = trials[2]
+    assert first.source == "planner" and first.params == {"VLLM_CPU_OMP_THREADS_BIND": "0-" + first.params[
+        "VLLM_CPU_OMP_THREADS_BIND"].split("-")[1]}
+    assert "cores" in first.rationale and first.gate_passed   # the fake gives 1.5x for it
+    ngram = next(t for t in trials if t.source == "planner" and "speculative-config.method" in t.params)
+    assert ngram.params["VLLM_CPU_OMP_THREADS_BIND"] == first.params["VLLM_CPU_OMP_THREADS_BIND"]
+    assert "ngram" in ngram.rationale and f"trial {first.number}" in ngram.rationale
+    assert all(t.rationale for t in trials if t.source == "planner")

@@ -1,0 +1,123 @@
+"""Planners propose what to try next, each proposal with a reason a person can check.
+
+The built-in planner makes the moves an expert makes, each triggered by a measured fact that its
+rationale cites: use every core, try ngram speculation on single-stream workloads and tune its
+token count by the measured acceptance, grow the batch when the KV cache is idle and requests
+queue, try an fp8 KV cache when memory runs short. Proposals start from the best accepted config,
+so a move builds on what already worked. Every proposal is checked against the space before it
+reaches the study; one that is not a valid point is dropped, never passed on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from agent.ledger import Run, Trial
+from agent.space import Space
+
+
+@dataclass(frozen=True)
+class Proposal:
+    params: dict
+    rationale: str
+    expected: str
+
+
+class Planner(Protocol):
+    name: str
+
+    def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
+        """Up to k proposals, valid points of space, none already tried in history."""
+        ...
+
+
+def _tried(history: list[Trial]) -> set[str]:
+    return {repr(sorted(t.params.items())) for t in history}
+
+
+class BuiltinPlanner:
+    name = "builtin"
+
+    def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
+        ok = [t for t in history if t.status == "ok"]
+        accepted = [t for t in ok if t.gate_passed]
+        best = max(accepted, key=lambda t: t.tps or 0, default=None)
+        start = dict(best.params) if best else {}
+        basis = f"trial {best.number} ({best.tps_ratio:.2f}x)" if best else "the defaults"
+        latest = max(ok, key=lambda t: t.number, default=None)
+        moves = [m for rule in (self._threads, self._speculation, self._batching, self._kv_dtype)
+                 for m in rule(space, start, basis, history, latest, facts)]
+        seen, out = _tried(history), []
+        for params, rationale, expected in moves:
+            key = repr(sorted(params.items()))
+            if key in seen or space.problems(params):
+                continue
+            seen.add(key)
+            out.append(Proposal(params, rationale, expected))
+            if len(out) == k:
+                break
+        return out
+
+    @staticmethod
+    def _threads(space, start, basis, history, latest, facts):
+        knob = space.knobs.get("VLLM_CPU_OMP_THREADS_BIND")
+        cpus = facts.get("cpus", 1)
+        if knob is None or cpus < 2 or start.get(knob.name, "auto") != "auto":
+            return
+        everything = next((c for c in knob.choices if c != "auto"), None)
+        if everything:
+            yield ({**start, knob.name: everything},
+                   f"vllm-cpu binds one OpenMP thread per core minus one reserved for the engine, so 'auto' uses "
+                   f"{cpus - 1} of {cpus} cores; bind {everything} on top of {basis}",
+                   "more decode throughput from the idle core")
+
+    @staticmethod
+    def _speculation(space, start, basis, history, latest, facts):
+        if "speculative-config.method" not in space.knobs or facts.get("concurrency", 1) > 4:
+            return
+        if start.get("speculative-config.method") != "ngram":
+            yield ({**start, "speculative-config.method": "ngram", "speculative-config.num_speculative_tokens": 4,
+                    "speculative-config.prompt_lookup_min": 2, "speculative-config.prompt_lookup_max": 4},
+                   f"the workload runs {facts.get('concurrency', 1)} stream(s) at a time, where each decode step "
+                   f"is mostly overhead; ngram speculation (k=4, lookup 2..4) on top of {basis}",
+                   "fewer decode steps per token when outputs repeat their context")
+            return
+        # The best config already speculates: tune its draft length by what it measured.
+        best = max((t for t in history if t.params == start and t.status == "ok"), key=lambda t: t.number, default=None)
+        rate = ((best.metrics or {}) if best else {}).get("spec_acceptance_rate")
+        k = start.get("speculative-config.num_speculative_tokens", 4)
+        if rate is None:
+            return
+        new_k = min(8, k + 2) if rate > 0.7 else max(1, k - 2) if rate < 0.4 else None
+        if new_k and new_k != k:
+            yield ({**start, "speculative-config.num_speculative_tokens": new_k},
+                   f"{basis} accepted {rate:.0%} of drafted tokens with k={k}; try k={new_k}",
+                   "longer drafts when most are accepted, shorter when most are wasted")
+
+    @staticmethod
+    def _batching(space, start, basis, history, latest, facts):
+        if latest is None or "max-num-seqs" not in space.knobs:
+            return
+        m = latest.metrics or {}
+        if (m.get("kv_cache_usage_max") or 0) < 0.5 and (m.get("requests_waiting_max") or 0) > 0:
+            seqs = min(space.knobs["max-num-seqs"].high, 2 * int(start.get("max-num-seqs", 128)))
+            tokens = min(space.knobs["max-num-batched-tokens"].high, max(2 * seqs, start.get("max-num-batched-tokens", 2048)))
+            yield ({**start, "max-num-seqs": seqs, "max-num-batched-tokens": tokens},
+                   f"trial {latest.number} had requests waiting (up to {m['requests_waiting_max']:.0f}) while the KV "
+                   f"cache peaked at {m['kv_cache_usage_max']:.0%}: admit more sequences per step",
+                   "higher throughput at high concurrency")
+
+    @staticmethod
+    def _kv_dtype(space, start, basis, history, latest, facts):
+        knob = space.knobs.get("kv-cache-dtype")
+        if latest is None or knob is None or start.get("kv-cache-dtype", "auto") != "auto":
+            return
+        m = latest.metrics or {}
+        if (m.get("kv_cache_usage_max") or 0) > 0.9 or (m.get("preemptions") or 0) > 0:
+            fp8 = next((c for c in knob.choices if str(c).startswith("fp8")), None)
+            if fp8:
+                yield ({**start, "kv-cache-dtype": fp8},
+                       f"trial {latest.number} ran the KV cache at {m.get('kv_cache_usage_max', 0):.0%} with "
+                       f"{m.get('preemptions') or 0:.0f} preemptions: an {fp8} cache holds twice the tokens "
+                       "(lossy: the gate decides)", "fewer preemptions, larger batches")

@@ -1,0 +1,49 @@
+"""The built-in planner: each move is triggered by a measured fact, valid in the space, and new."""
+
+from agent import space as spaces
+from agent.ledger import Run, Trial
+from agent.planner import BuiltinPlanner
+
+SPACE = spaces.load("vllm-cpu")
+RUN = Run(id="r", model="m")
+
+
+def trial(number, params, metrics=None, ratio=1.0, passed=True, status="ok"):
+    return Trial(number=number, params=params, metrics=metrics or {}, tps=10 * ratio, tps_ratio=ratio,
+                 gate_passed=passed, status=status, source="planner")
+
+
+def propose(history, **facts):
+    return BuiltinPlanner().propose(SPACE, RUN, history, {"cpus": 2, "concurrency": 1, **facts}, k=5)
+
+
+def test_uses_every_core_first_and_never_repeats_a_tried_point():
+    first = propose([trial(0, {}, passed=None)])
+    assert first[0].params == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"} or first[0].params["VLLM_CPU_OMP_THREADS_BIND"]
+    tried = [trial(0, {}, passed=None), trial(1, first[0].params, ratio=1.4)]
+    assert all(p.params != first[0].params for p in propose(tried))
+
+
+def test_speculation_only_for_few_streams_and_k_follows_acceptance():
+    assert not [p for p in propose([trial(0, {})], concurrency=16) if "speculative-config.method" in p.params]
+    ngram = {"speculative-config.method": "ngram", "speculative-config.num_speculative_tokens": 4,
+             "speculative-config.prompt_lookup_min": 2, "speculative-config.prompt_lookup_max": 4}
+    high = propose([trial(0, {}), trial(1, ngram, {"spec_acceptance_rate": 0.9}, ratio=1.2)])
+    assert any(p.params.get("speculative-config.num_speculative_tokens") == 6 and "90%" in p.rationale for p in high)
+    low = propose([trial(0, {}), trial(1, ngram, {"spec_acceptance_rate": 0.2}, ratio=1.2)])
+    assert any(p.params.get("speculative-config.num_speculative_tokens") == 2 for p in low)
+
+
+def test_batching_and_kv_moves_cite_the_metric_that_triggered_them():
+    queued = propose([trial(0, {}, {"kv_cache_usage_max": 0.1, "requests_waiting_max": 5})], concurrency=16)
+    batch = next(p for p in queued if "max-num-seqs" in p.params)
+    assert batch.params["max-num-seqs"] == 256 and "waiting" in batch.rationale
+    assert not SPACE.problems(batch.params)
+    full = propose([trial(0, {}, {"kv_cache_usage_max": 0.97, "preemptions": 3})], concurrency=16)
+    kv = next(p for p in full if "kv-cache-dtype" in p.params)
+    assert kv.params["kv-cache-dtype"].startswith("fp8") and "preemptions" in kv.rationale
+
+
+def test_no_move_without_its_trigger():
+    calm = propose([trial(0, {}, {"kv_cache_usage_max": 0.2, "requests_waiting_max": 0})], concurrency=16, cpus=1)
+    assert calm == []
