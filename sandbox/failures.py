@@ -50,14 +50,20 @@ _LOG_PREFIX = re.compile(r"^\([^)]*\)\s+(ERROR|WARNING|INFO)\s+\S+ \S+ \[[^\]]*\
 
 
 def server_message(text: str) -> str:
-    """The server's own account of why it stopped: its last error line, with any detail lines
-    pydantic puts under it (the field and the rule it broke)."""
-    lines = [_LOG_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
+    """The server's own account of why it stopped: its last error line, with the detail lines
+    pydantic puts under a ValidationError (the field and the rule it broke). Warnings and info
+    lines are never taken for it, even when they mention an error."""
+    raw = text.splitlines()
+    lines = [_LOG_PREFIX.sub("", line).strip() for line in raw]
     for i in range(len(lines) - 1, -1, -1):
-        if _ERROR_LINE.search(lines[i]) and not lines[i].startswith("RuntimeError: Engine core initialization"):
-            detail = [ln.strip() for ln in lines[i + 1:i + 7]
-                      if ln.strip() and not ln.strip().startswith("For further information")]
-            return " ".join([lines[i].strip(), *detail])[:600] if "ValidationError" in lines[i] else lines[i].strip()[:600]
+        if " WARNING " in raw[i] or " INFO " in raw[i] or not _ERROR_LINE.search(lines[i]):
+            continue
+        if lines[i].startswith("RuntimeError: Engine core initialization"):
+            continue  # the wrapper; the cause is logged above it
+        if "ValidationError" in lines[i]:
+            detail = [ln for ln in lines[i + 1:i + 7] if ln and not ln.startswith("For further information")]
+            return " ".join([lines[i], *detail])[:600]
+        return lines[i][:600]
     return ""
 
 

@@ -194,14 +194,15 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
             lap(phase)  # how long the failed phase ran before it ended
         cleanup = server.stop(spec.deadlines.teardown_s)
         lap("teardown")
-        enter("done")
-        signal.signal(signal.SIGTERM, previous)
         result["cleanup"] = {"leftover_pids": cleanup.leftover_pids, "port_free": cleanup.port_free,
                              "forced_kill": cleanup.forced_kill}
         if not cleanup.clean and result["failure"] is None:
+            phase = "teardown"
             _fail(result, "unclean_teardown", f"processes {cleanup.leftover_pids} or port {server.port} "
                                               "still held after teardown", "", log_path)
-    result["failed_phase"] = phase if result["failure"] else None
+        result["failed_phase"] = phase if result["failure"] else None
+        enter("done")
+        signal.signal(signal.SIGTERM, previous)
     return result
 
 
