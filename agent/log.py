@@ -7,6 +7,7 @@ from pathlib import Path
 
 import structlog
 from rich.console import Console
+from rich.markup import escape
 
 
 def _line(event: str, info: dict) -> str | None:
@@ -16,7 +17,8 @@ def _line(event: str, info: dict) -> str | None:
         params = ", ".join(f"{k}={v}" for k, v in info["params"].items()) or "engine defaults"
         best = f"best {info['best']:.3f}x" if info.get("best") else "no accepted config yet"
         why = f"\n    why: {info['rationale']}" if info.get("rationale") and info["source"] == "planner" else ""
-        return f"trial {info['number']} [{info['source']}] ({info['left_s'] / 60:.0f} min left, {best}): {params}{why}"
+        line = f"trial {info['number']} [{info['source']}] ({info['left_s'] / 60:.0f} min left, {best}): {params}"
+        return escape(line + why)
     if event == "phase":
         return f"  [dim]trial {info['number']}: {info['phase']}[/]"
     if event == "baseline":
@@ -26,8 +28,8 @@ def _line(event: str, info: dict) -> str | None:
     if event == "result":
         t = info["row"]
         if t.status != "ok":
-            return f"trial {t.number} [red]{t.failure_class}[/]: {(t.failure_message or '')[:160]}"
-        verdict = f"[green]accepted[/] {t.branch}" if t.branch else "rejected: " + "; ".join(t.gate_reasons)[:200]
+            return f"trial {t.number} [red]{t.failure_class}[/]: {escape((t.failure_message or '')[:160])}"
+        verdict = f"[green]accepted[/] {t.branch}" if t.branch else "rejected: " + escape("; ".join(t.gate_reasons)[:200])
         return (f"trial {t.number}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x), ppl {t.ppl_change:+.2%}, "
                 f"agreement {t.agreement:.0%}; {verdict}")
     return None
