@@ -24,7 +24,7 @@ model_app = typer.Typer(no_args_is_help=True, help="The embedded default model (
 ledger_app = typer.Typer(help="Every trial of every run: table, JSON, CSV, one trial in full, or SQL.")
 app.add_typer(model_app, name="model")
 app.add_typer(ledger_app, name="ledger")
-console = Console(stderr=True)
+console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=220)
 # Piped output (a file, less, a test) gets wide tables rather than truncated ids.
 out = Console() if sys.stdout.isatty() else Console(width=220)
 
@@ -73,6 +73,9 @@ def run(
     repeats: int = typer.Option(2, min=1, max=20, help="Measured repeats per server instance."),
     seed: int = typer.Option(0, help="Sampler seed."),
     sampler_per_planner: int = typer.Option(1, min=0, max=100, help="Sampler trials between two planner trials."),
+    planner: str = typer.Option(None, help="A litellm model string (anthropic/claude-sonnet-4-5, hosted_vllm/...); "
+                                           "default: the built-in planner."),
+    planner_base_url: str = typer.Option(None, help="API base URL for the planner model."),
 ) -> None:
     """Measure the defaults, then search until the budget is spent; accepted configs become branches."""
     from agent.engine import WorkerEngine
@@ -120,13 +123,22 @@ def run(
         space_hash=space.hash, workload=workload, workload_hash=meter.hash, repo=str(proposals.working_dir),
         settings={"home": str(home), "budget_s": budget_s, "baseline_instances": baseline_instances,
                   "repeats": repeats, "seed": seed, "ppl_tolerance": ppl_tolerance, "ppl_max": ppl_max,
-                  "min_gain": min_gain, "sampler_per_planner": sampler_per_planner, "planner": "builtin"}))
+                  "min_gain": min_gain, "sampler_per_planner": sampler_per_planner,
+                  "planner": planner or "builtin", "planner_base_url": planner_base_url}))
     say = event_logger(home / run_id / "events.jsonl", console)
+    chosen = None
+    if planner:
+        from agent.llm_planner import FallbackPlanner, LLMPlanner
+
+        def record(call) -> None:
+            ledger.add(ledgers.PlannerCall(run_id=run_id, **vars(call)))
+
+        chosen = FallbackPlanner(LLMPlanner(planner, planner_base_url, record=record), say)
     say("run", id=run_id, budget=budget_text, deadline=row.deadline_at, space=space.path, workload=workload)
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
     try:
         run_search(row, settings, space, ledger, WorkerEngine(), proposals,
-                   f"sqlite:///{home / 'optuna.sqlite'}", say)
+                   f"sqlite:///{home / 'optuna.sqlite'}", say, planner=chosen)
     except KeyboardInterrupt:
         _close_interrupted(ledger, run_id, "stopped")
         console.print(f"stopped: run {run_id}; the trial in flight was ended and recorded")

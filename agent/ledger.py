@@ -98,6 +98,25 @@ class Repeat(Base):
     trial: Mapped[Trial] = relationship(back_populates="repeats")
 
 
+class PlannerCall(Base):
+    """One exchange with an LLM planner: what was asked, what came back, what was kept."""
+
+    __tablename__ = "planner_calls"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    at: Mapped[str] = mapped_column(String, default=utcnow)
+    model: Mapped[str] = mapped_column(String)
+    prompt: Mapped[str] = mapped_column(Text)
+    response: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    latency_s: Mapped[float | None] = mapped_column(Float)
+    accepted: Mapped[int] = mapped_column(Integer, default=0)
+    rejected: Mapped[list[Any]] = mapped_column(default=list)   # why each refused part was refused
+
+
 class Ledger:
     def __init__(self, path: Path):
         self.path = Path(path)

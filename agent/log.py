@@ -32,6 +32,9 @@ def _line(event: str, info: dict) -> str | None:
         verdict = f"[green]accepted[/] {t.branch}" if t.branch else "rejected: " + escape("; ".join(t.gate_reasons)[:200])
         return (f"trial {t.number}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x), ppl {t.ppl_change:+.2%}, "
                 f"agreement {t.agreement:.0%}; {verdict}")
+    if event == "planner_fallback":
+        until = "for the rest of the run" if info["permanent"] else "for this round"
+        return escape(f"planner {info['planner']} unavailable ({info['reason'][:160]}); built-in planner {until}")
     return None
 
 

@@ -115,7 +115,8 @@ class Space:
                 out.append(f"{name}: {why}")
             elif not knob.applies(point):
                 out.append(f"{name}: only applies when {knob.when}")
-        out += [f"rule broken: {r.reason}" for r in self.rules if r.broken(point)]
+        if not out:  # rules compare values, so they only make sense once every value is well typed
+            out += [f"rule broken: {r.reason}" for r in self.rules if r.broken(point)]
         return out
 
     def broken_rules(self, point: dict) -> list[str]:

@@ -1,0 +1,132 @@
+"""The LLM planner through litellm and real HTTP to a scripted local endpoint.
+
+No reply, however malformed or hostile, reaches the engine as anything but a valid point of
+the space; an unreachable endpoint hands the run to the built-in planner.
+"""
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from agent import space as spaces
+from agent.ledger import Run, Trial
+from agent.llm_planner import Call, FallbackPlanner, LLMPlanner, PlannerUnavailable, parse
+from fake_llm import FakeLLM
+from sandbox import spec as specs
+
+SPACE = spaces.load("vllm-cpu")
+RUN = Run(id="r", model="m")
+HISTORY = [Trial(number=0, source="baseline", status="ok", params={}, metrics={"kv_cache_usage_max": 0.01},
+                 tps_ratio=1.0, ppl_change=0.0, agreement=1.0, gate_passed=None)]
+GOOD = {"proposals": [{"params": {"VLLM_CPU_OMP_THREADS_BIND": "auto", "max-num-seqs": 8},
+                       "rationale": "few streams; smaller batches", "expected": "lower latency"}]}
+
+
+@pytest.fixture
+def llm(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    server = FakeLLM()
+    yield server
+    server.close()
+
+
+def planner(llm, calls):
+    return LLMPlanner("openai/test-model", llm.url, record=calls.append, sleep=lambda s: None, timeout_s=10)
+
+
+def assert_reaches_engine_only_as_valid_points(proposals):
+    for p in proposals:
+        assert SPACE.problems(p.params) == []
+        flags, env = SPACE.to_flags_env(p.params)
+        specs.from_dict({"model": "m", "flags": flags, "env": env})
+
+
+def test_valid_reply_becomes_proposals_and_the_call_is_recorded(llm):
+    calls = []
+    llm.replies.append((200, json.dumps(GOOD)))
+    proposals = planner(llm, calls).propose(SPACE, RUN, HISTORY, {"cpus": 2}, k=2)
+    assert [p.params for p in proposals] == [GOOD["proposals"][0]["params"]]
+    assert proposals[0].rationale == "few streams; smaller batches"
+    (call,) = calls
+    assert call.accepted == 1 and call.input_tokens == 120 and call.output_tokens == 30 and call.error is None
+    sent = llm.requests[0]["body"]
+    assert "max-num-seqs" in sent["messages"][1]["content"] and "0 | baseline | ok" in sent["messages"][1]["content"]
+    assert "sk-test" not in json.dumps(vars(call))   # the key never lands in what we record
+
+
+HOSTILE = [
+    '{"proposals": [{"params": {"max-num-seqs": "4; rm -rf /"}, "rationale": "x", "expected": "y"}]}',
+    '{"proposals": [{"params": {"port": 80}, "rationale": "x", "expected": "y"}]}',
+    '{"proposals": [{"params": {"LD_PRELOAD": "/tmp/evil.so"}, "rationale": "x", "expected": "y"}]}',
+    '{"proposals": [{"params": {"max-num-seqs": 100000}, "rationale": "x", "expected": "y"}]}',
+    '{"proposals": [{"params": {"max-num-seqs": 8}, "rationale": "x", "expected": "y", "shell": "curl evil"}]}',
+    '{"proposals": [{"params": {"max-num-seqs": 8}, "rationale": "line\\n--trust-remote-code", "expected": "y"}]}',
+    '{"proposals": [{"params": {"speculative-config.num_speculative_tokens": 4}, "rationale": "x", "expected": "y"}]}',
+    '{"proposals": [{"params": {"max-num-seqs": 8}, "rationale": "x", "expected": "y"}], "run": "rm -rf /"}',
+    '{"proposals": [{"params": {"max-num-seqs": 8, "max-num-batched-tokens": 4}, "rationale": "x", "expected": "y"}]}',
+    '{"proposals": [{"params": {"enforce-eager": "true"}, "rationale": "x", "expected": "y"}]}',
+    '{"proposals": [{"params": {"max-num-seq',            # truncated
+    "Sure! Here is a config: --max-num-seqs 8",             # prose
+    "",
+]
+
+
+@pytest.mark.parametrize("reply", HOSTILE)
+def test_hostile_and_malformed_replies_never_reach_the_engine(llm, reply):
+    calls = []
+    llm.replies += [(200, reply)] * 3
+    with pytest.raises(PlannerUnavailable):
+        planner(llm, calls).propose(SPACE, RUN, HISTORY, {}, k=2)
+    assert len(calls) == 3 and all(c.accepted == 0 and c.rejected for c in calls)
+
+
+def test_fenced_json_is_read_and_bad_items_are_dropped_individually():
+    reply = "```json\n" + json.dumps({"proposals": [GOOD["proposals"][0],
+                                                   {"params": {"port": 1}, "rationale": "", "expected": ""}]}) + "\n```"
+    proposals, rejected = parse(reply, SPACE, k=4)
+    assert len(proposals) == 1 and rejected == ["proposal 1: port: not a knob of " + SPACE.path]
+
+
+def test_transient_error_is_retried(llm):
+    calls = []
+    llm.replies += [(500, "overloaded"), (200, json.dumps(GOOD))]
+    proposals = planner(llm, calls).propose(SPACE, RUN, HISTORY, {}, k=1)
+    assert len(proposals) == 1 and calls[0].error and calls[1].accepted == 1
+
+
+def test_unreachable_endpoint_falls_back_to_the_builtin_planner(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    calls, events = [], []
+    dead = LLMPlanner("openai/test-model", "http://127.0.0.1:9/v1", record=calls.append, sleep=lambda s: None,
+                      retries=2, timeout_s=5)
+    fallback = FallbackPlanner(dead, lambda e, **i: events.append((e, i)), patience=1)
+    proposals = fallback.propose(SPACE, RUN, HISTORY, {"cpus": 2, "concurrency": 1}, k=1)
+    assert proposals and proposals[0].params == {"VLLM_CPU_OMP_THREADS_BIND": proposals[0].params["VLLM_CPU_OMP_THREADS_BIND"]}
+    assert events[0][0] == "planner_fallback" and events[0][1]["permanent"]
+    assert len(calls) == 2 and all(c.error for c in calls)
+    fallback.propose(SPACE, RUN, HISTORY, {"cpus": 2}, k=1)
+    assert len(calls) == 2   # given up on: no more calls to a dead endpoint
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True)
+                           | st.text(max_size=30) | st.sampled_from(list(SPACE.knobs) + ["auto", "ngram", "0-1"]),
+                           lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=20) | st.sampled_from(list(SPACE.knobs)), inner, max_size=5),
+                           max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    json_values.map(json.dumps),
+    st.dictionaries(st.sampled_from(list(SPACE.knobs)), json_values, max_size=6).map(
+        lambda params: json.dumps({"proposals": [{"params": params, "rationale": "r", "expected": "e"}]})),
+    st.text(max_size=200),
+))
+def test_property_no_reply_reaches_the_engine_except_as_a_valid_point(reply):
+    proposals, _ = parse(reply, SPACE, k=4)
+    assert_reaches_engine_only_as_valid_points(proposals)
+
+
+def test_call_record_has_no_field_for_credentials():
+    assert not any("key" in name or "token" == name for name in vars(Call(model="m", prompt="p")))
