@@ -65,6 +65,7 @@ def run(
     model: str = typer.Option("embedded", help="Model folder or Hugging Face id; 'embedded' is Gemma 3 270M."),
     space_name: str = typer.Option(None, "--space", help="Space file or shipped name (default: vllm-cpu or vllm-gpu)."),
     workload: str = typer.Option(None, help="Workload profile (default: challenge-cpu or challenge)."),
+    quality: str = typer.Option(None, help="Quality set: quick (CPU default) or default (GPU default)."),
     repo: Path = typer.Option(None, help="Git repository to propose branches into (default: runs/proposals)."),
     ppl_tolerance: float = typer.Option(0.01, help="Allowed relative perplexity increase."),
     ppl_max: float = typer.Option(None, help="Optional absolute perplexity bound."),
@@ -81,7 +82,7 @@ def run(
     from agent.engine import WorkerEngine
     from agent.loop import BaselineFailed, Settings, run_search
     from sandbox.host import engine as engine_info, hardware
-    from sandbox.workload import load_workload
+    from sandbox.workload import load_quality, load_workload
 
     try:
         budget_s = budget.parse_duration(budget_text)
@@ -97,6 +98,11 @@ def run(
         meter = load_workload(workload)
     except ValueError as e:
         raise fail(f"--workload: {e}") from None
+    quality = quality or ("default" if gpu else "quick")
+    try:
+        load_quality(quality)
+    except ValueError as e:
+        raise fail(f"--quality: {e}") from None
     if model != "embedded" and not Path(model).is_dir() and model.count("/") != 1:
         raise fail(f"--model: {model!r} is neither a folder nor a Hugging Face id like org/name")
     home = paths.home()
@@ -112,7 +118,7 @@ def run(
     ledger = open_ledger()
     now = datetime.now(timezone.utc)
     run_id = now.strftime("%Y%m%d-%H%M%S")
-    settings = Settings(model=model, workload=workload, baseline_instances=baseline_instances, repeats=repeats,
+    settings = Settings(model=model, workload=workload, quality=quality, baseline_instances=baseline_instances, repeats=repeats,
                         seed=seed, gate=GateSettings(ppl_tolerance=ppl_tolerance, ppl_max=ppl_max, min_gain=min_gain),
                         sampler_per_planner=sampler_per_planner,
                         facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})

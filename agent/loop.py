@@ -39,6 +39,7 @@ class Engine(Protocol):
 class Settings:
     model: str
     workload: str
+    quality: str = "default"
     gate: GateSettings = field(default_factory=GateSettings)
     baseline_instances: int = 2
     repeats: int = 3
@@ -114,7 +115,7 @@ def expected_trial_s(ledger: Ledger, run: Run) -> float:
 
 def spec_for(run: Run, settings: Settings, flags: dict, env: dict) -> dict:
     return {"model": settings.model, "flags": flags, "env": env, "workload": settings.workload,
-            "repeats": settings.repeats}
+            "quality": settings.quality, "repeats": settings.repeats}
 
 
 def start_trial(run: Run, ledger: Ledger, space: Space, point: dict, source: str,
@@ -149,7 +150,7 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
         tps=bench.get("tps"), ppl=quality.get("ppl"), errors=bench.get("errors"),
         ttft_p99_ms=(bench.get("ttft_ms") or {}).get("p99"), itl_p99_ms=(bench.get("itl_ms") or {}).get("p99"),
         metrics=result.get("metrics") or {}, timings=result.get("timings") or {}, log_path=result.get("log_path"),
-        meter=result.get("workload") or {}, finished_at=utcnow())
+        meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow())
     ledger.update(row, **values)
     with ledger.session.begin() as s:
         for tps in bench.get("repeats_tps") or []:

@@ -35,12 +35,13 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
     from sandbox.workload import load_workload
 
     meter = load_workload(workload["name"]).with_split(split)
+    quality = (workload.get("quality") or {}).get("name", "default")
     inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
     specs = {
         "defaults": {"model": run.model, "flags": base_row.flags, "env": base_row.env, "workload": inline,
-                     "repeats": run.settings.get("repeats", 2)},
+                     "quality": quality, "repeats": run.settings.get("repeats", 2)},
         "candidate": {"model": claim["model"], "flags": claim["flags"], "env": claim["env"], "workload": inline,
-                      "repeats": run.settings.get("repeats", 2)},
+                      "quality": quality, "repeats": run.settings.get("repeats", 2)},
     }
     figures: dict[str, list[float]] = {"defaults": [], "candidate": []}
     for i in range(rounds):

@@ -120,12 +120,15 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
 
 
 def load_quality(name: str = "default") -> Quality:
-    if name != "default":
-        raise ValueError(f"quality set {name!r} is not shipped (only 'default')")
-    raw = yaml.safe_load((DATA / "quality.yaml").read_text())
+    """A shipped quality set: 'default' (agent/data/quality.yaml) or 'quick' (quality-quick.yaml)."""
+    path = DATA / ("quality.yaml" if name == "default" else f"quality-{name}.yaml")
+    if not isinstance(name, str) or not path.exists():
+        raise ValueError(f"quality set {name!r} is not shipped (default, quick)")
+    raw = yaml.safe_load(path.read_text())
+    paragraphs = [p.strip() for p in (DATA / raw["perplexity_text"]).read_text().split("\n\n") if p.strip()]
     return Quality(
         name=raw["name"],
-        perplexity_text=(DATA / raw["perplexity_text"]).read_text(),
+        perplexity_text="\n\n".join(paragraphs[:raw.get("documents")]),
         window_tokens=int(raw["window_tokens"]),
         greedy_prompts=_read_jsonl(DATA / raw["greedy_prompts"]),
         greedy_max_tokens=int(raw["greedy_max_tokens"]),

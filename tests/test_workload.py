@@ -51,3 +51,11 @@ def test_bad_profiles_are_refused_naming_the_field(bad, needle):
 def test_quality_set_has_documents_and_comparison_prompts():
     q = load_quality()
     assert len(q.documents()) == 4 and len(q.greedy_prompts) == 8 and q.window_tokens == 512
+
+
+def test_quick_quality_set_is_a_prefix_of_the_default_one():
+    quick, full = load_quality("quick"), load_quality("default")
+    assert quick.documents() == full.documents()[:2] and quick.greedy_max_tokens == 24
+    assert quick.hash != full.hash
+    with pytest.raises(ValueError, match="'fast' is not shipped"):
+        load_quality("fast")
