@@ -13,7 +13,7 @@ import yaml
 from agent.ledger import Ledger
 
 pytestmark = pytest.mark.engine
-BUDGET_S = 11 * 60
+BUDGET_S = 16 * 60  # two baseline instances and at least one candidate, at about 5 minutes each
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +75,8 @@ def test_cli_reads_back_the_real_run(real_run):
     branches = subprocess.run([sys.executable, "-m", "agent.cli", "branches"], env=env,
                               capture_output=True, text=True, check=True).stdout
     assert ("agent/" in branches) == any(r["branch"] for r in rows)
+    planned = [r for r in rows if r["source"] == "planner"]
+    assert planned and all(r["rationale"] for r in planned)   # 2 cores: the planner binds both first
+    shown = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "show", str(planned[0]["number"])],
+                           env=env, capture_output=True, text=True, check=True).stdout
+    assert json.loads(shown)["rationale"] == planned[0]["rationale"]
