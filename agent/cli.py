@@ -74,9 +74,13 @@ def run(
     repeats: int = typer.Option(2, min=1, max=20, help="Measured repeats per server instance."),
     seed: int = typer.Option(0, help="Sampler seed."),
     sampler_per_planner: int = typer.Option(1, min=0, max=100, help="Sampler trials between two planner trials."),
-    planner: str = typer.Option(None, help="A litellm model string (anthropic/claude-sonnet-4-5, hosted_vllm/...); "
-                                           "default: the built-in planner."),
+    planner: str = typer.Option(None, help="A litellm model string (anthropic/claude-sonnet-4-5, hosted_vllm/...), "
+                                           "or 'off' for the sampler alone; default: the built-in planner."),
     planner_base_url: str = typer.Option(None, help="API base URL for the planner model."),
+    sampler: str = typer.Option("tpe", help="Optuna sampler for the non-planner trials: tpe or random."),
+    max_trials: int = typer.Option(None, min=1, help="Stop after this many candidate trials, even with budget left."),
+    draft_model: list[str] = typer.Option(None, "--draft-model", help="A draft model speculative decoding may use "
+                                          "(repeatable); checked for the target's vocabulary."),
 ) -> None:
     """Measure the defaults, then search until the budget is spent; accepted configs become branches."""
     from agent.engine import WorkerEngine
@@ -93,6 +97,8 @@ def run(
         space = spaces.load(space_name or ("vllm-gpu" if gpu else "vllm-cpu"))
     except spaces.SpaceError as e:
         raise fail(str(e)) from None
+    if sampler not in ("tpe", "random"):
+        raise fail(f"--sampler: {sampler!r} is not tpe or random")
     workload = workload or ("challenge" if gpu else "challenge-cpu")
     try:
         meter = load_workload(workload)
@@ -114,13 +120,22 @@ def run(
         if not embedded.is_ready(embedded.default_dir()):
             console.print("preparing the embedded model (once; about 2 minutes)...")
         model = str(embedded.prepare(say=lambda s: console.print(f"  {s}")))
+    if draft_model:
+        from agent import drafts
+
+        try:
+            for draft in draft_model:
+                drafts.check_vocab(model, draft)
+            space = drafts.add_drafts(space, draft_model)
+        except drafts.DraftError as e:
+            raise fail(str(e)) from None
 
     ledger = open_ledger()
     now = datetime.now(timezone.utc)
     run_id = now.strftime("%Y%m%d-%H%M%S")
     settings = Settings(model=model, workload=workload, quality=quality, baseline_instances=baseline_instances, repeats=repeats,
                         seed=seed, gate=GateSettings(ppl_tolerance=ppl_tolerance, ppl_max=ppl_max, min_gain=min_gain),
-                        sampler_per_planner=sampler_per_planner,
+                        sampler_per_planner=sampler_per_planner, sampler=sampler, max_trials=max_trials,
                         facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
     engine = engine_info()
     row = ledger.add(ledgers.Run(
@@ -130,10 +145,15 @@ def run(
         settings={"home": str(home), "budget_s": budget_s, "baseline_instances": baseline_instances,
                   "repeats": repeats, "seed": seed, "ppl_tolerance": ppl_tolerance, "ppl_max": ppl_max,
                   "min_gain": min_gain, "sampler_per_planner": sampler_per_planner,
-                  "planner": planner or "builtin", "planner_base_url": planner_base_url}))
+                  "planner": planner or "builtin", "planner_base_url": planner_base_url, "sampler": sampler,
+                  "max_trials": max_trials, "draft_models": draft_model or []}))
     say = event_logger(home / run_id / "events.jsonl", console)
     chosen = None
-    if planner:
+    if planner == "off":
+        from agent.planner import NoPlanner
+
+        chosen = NoPlanner()
+    elif planner:
         from agent.llm_planner import FallbackPlanner, LLMPlanner
 
         def record(call) -> None:
@@ -263,7 +283,7 @@ def ledger_show(number: int, run_id: str = typer.Option(None, "--run", help="Run
 
 @ledger_app.command("sql")
 def ledger_sql(query: str) -> None:
-    """Read-only SQL over the ledger (tables: runs, trials, repeats)."""
+    """Read-only SQL over the ledger (tables: runs, trials, repeats, planner_calls, narrowings)."""
     import sqlite3
 
     try:

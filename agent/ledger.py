@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine,
-                        event, select)
+                        event, inspect, select, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
 
@@ -73,6 +73,7 @@ class Trial(Base):
     itl_p99_ms: Mapped[float | None] = mapped_column(Float)
     errors: Mapped[int | None] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    greedy: Mapped[list[Any] | None] = mapped_column(JSON)   # greedy token ids per comparison prompt
     gate_passed: Mapped[bool | None]
     gate_reasons: Mapped[list[Any]] = mapped_column(default=list)
     branch: Mapped[str | None] = mapped_column(String)
@@ -117,6 +118,21 @@ class PlannerCall(Base):
     rejected: Mapped[list[Any]] = mapped_column(default=list)   # why each refused part was refused
 
 
+class RangeChange(Base):
+    """A planner narrowed the range the sampler draws a knob from (see planner.Narrowing)."""
+
+    __tablename__ = "narrowings"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    at: Mapped[str] = mapped_column(String, default=utcnow)
+    after_trial: Mapped[int] = mapped_column(Integer)      # the ledger's trial number it followed
+    planner: Mapped[str] = mapped_column(String)
+    knob: Mapped[str] = mapped_column(String)
+    low: Mapped[float] = mapped_column(Float)
+    high: Mapped[float] = mapped_column(Float)
+    rationale: Mapped[str] = mapped_column(Text)
+
+
 class Ledger:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -132,7 +148,19 @@ class Ledger:
             cur.close()
 
         Base.metadata.create_all(self.engine)
+        self._add_new_columns()
         self.session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _add_new_columns(self) -> None:
+        """A ledger written by an older agent gains the columns added since (all nullable), keeping its rows."""
+        have = inspect(self.engine)
+        with self.engine.begin() as conn:
+            for table in Base.metadata.sorted_tables:
+                present = {c["name"] for c in have.get_columns(table.name)}
+                for column in table.columns:
+                    if column.name not in present:
+                        kind = column.type.compile(self.engine.dialect)
+                        conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'))
 
     def add(self, row: Base) -> Base:
         with self.session.begin() as s:
@@ -170,6 +198,10 @@ class Ledger:
     def repeats(self, trial_id: int) -> list[Repeat]:
         with self.session() as s:
             return list(s.scalars(select(Repeat).where(Repeat.trial_id == trial_id)))
+
+    def narrowings(self, run_id: str) -> list[RangeChange]:
+        with self.session() as s:
+            return list(s.scalars(select(RangeChange).where(RangeChange.run_id == run_id).order_by(RangeChange.id)))
 
     def next_number(self, run_id: str) -> int:
         with self.session() as s:

@@ -20,9 +20,12 @@ import optuna
 from agent import gitops, proposal
 from agent.budget import seconds_left
 from agent.gate import Baseline, GateSettings, check
-from agent.ledger import Ledger, Repeat, Run, Trial, utcnow
+from agent.ledger import Ledger, RangeChange, Repeat, Run, Trial, utcnow
 from agent.planner import BuiltinPlanner, Planner
 from agent.space import Space
+
+# After this many asks in a row that only repeat answered points, the space is spent.
+MAX_REPEATS_IN_A_ROW = 200
 
 
 # multivariate/group/constraints TPE are marked experimental; they are what this loop needs.
@@ -45,6 +48,8 @@ class Settings:
     repeats: int = 3
     seed: int = 0
     sampler_per_planner: int = 1   # sampler trials between two planner trials
+    sampler: str = "tpe"           # tpe, or random (the benchmark's control arm)
+    max_trials: int | None = None  # stop after this many candidate trials, even with budget left
     facts: dict = field(default_factory=dict)  # hardware and workload facts for the planner
 
 
@@ -61,27 +66,33 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
     """Search until the run's deadline; returns the finished run row."""
     planner = planner or BuiltinPlanner()
     base = measure_baseline(run, settings, space, ledger, engine, say)
-    study = optuna.create_study(
-        study_name=run.id, storage=storage, direction="maximize", load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, n_startup_trials=4,
-                                           constraints_func=lambda t: t.user_attrs.get("constraint", [1.0])))
-    seen: dict[str, float] = {}
-    since_planner = settings.sampler_per_planner  # the planner goes first
-    while (left := seconds_left(run.deadline_at)) > expected_trial_s(ledger, run):
+    study = optuna.create_study(study_name=run.id, storage=storage, direction="maximize", load_if_exists=True,
+                                sampler=make_sampler(settings))
+    sampler_space = narrowed(space, ledger.narrowings(run.id))
+    seen, since_planner = told_so_far(study, settings)
+    repeats_in_a_row = 0
+    while (left := seconds_left(run.deadline_at)) > expected_trial_s(ledger, run) and not spent(ledger, run, settings):
         if since_planner >= settings.sampler_per_planner and not waiting(study):
-            enqueue(study, planner.propose(space, run, ledger.trials(run.id), settings.facts, k=1))
+            history = ledger.trials(run.id)
+            enqueue(study, planner.propose(space, run, history, settings.facts, k=1))
+            sampler_space = narrow(sampler_space, planner, history, ledger, run, say)
         trial = study.ask()
         source = trial.user_attrs.get("source", "sampler")
         # A planner's proposal is exactly its knobs (the rest stay at engine defaults); the
-        # sampler's own trials walk the whole space.
+        # sampler's own trials walk the whole space, within any range a planner narrowed.
         point = ({n: space.knobs[n].suggest(trial) for n in trial.user_attrs["knobs"]}
-                 if source == "planner" else space.sample(trial))
+                 if source == "planner" else sampler_space.sample(trial))
         since_planner = 0 if source == "planner" else since_planner + 1
         key = repr(sorted(point.items()))
         if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
-            trial.set_user_attr("constraint", [0.0 if seen[key] > 0 else 1.0])
-            study.tell(trial, seen[key])
+            trial.set_user_attr("constraint", [seen[key][1]])
+            study.tell(trial, seen[key][0])
+            repeats_in_a_row += 1
+            if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
+                say("exhausted", asks=repeats_in_a_row)
+                break
             continue
+        repeats_in_a_row = 0
         row = start_trial(run, ledger, space, point, source, trial.number, trial.user_attrs.get("rationale"))
         say("trial", number=row.number, source=row.source, params=point, left_s=left,
             best=best_ratio(ledger, run), rationale=row.rationale)
@@ -91,10 +102,63 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
                    failure_message=f"excluded by the space's rules: {'; '.join(broken)}")
         else:
             value, constraint = evaluate(run, row, settings, space, ledger, engine, base, repo, left, say)
-        seen[key] = value
+        seen[key] = (value, constraint)
         trial.set_user_attr("constraint", [constraint])
         study.tell(trial, value)
     return ledger.update(run, status="finished", finished_at=utcnow())
+
+
+def told_so_far(study: optuna.Study, settings: Settings) -> tuple[dict[str, tuple[float, float]], int]:
+    """What the study already knows, so a resumed or repeated call goes on where the last one stopped.
+
+    Returns each told point's (value, constraint) and how many sampler trials followed the last
+    planner trial (the planner goes first when there is none).
+    """
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    seen = {repr(sorted(t.params.items())): (t.value, t.user_attrs.get("constraint", [1.0])[0]) for t in done}
+    since = 0
+    for t in reversed(done):
+        if t.user_attrs.get("source") == "planner":
+            return seen, since
+        since += 1
+    return seen, settings.sampler_per_planner
+
+
+def make_sampler(settings: Settings) -> optuna.samplers.BaseSampler:
+    if settings.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=settings.seed)
+    # Failures are told as infeasible through the constraint, so TPE learns which regions do not run.
+    # A narrowed knob is sampled on its own (Optuna's documented fallback), hence no warning for it.
+    return optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, n_startup_trials=4,
+                                      warn_independent_sampling=False,
+                                      constraints_func=lambda t: t.user_attrs.get("constraint", [1.0]))
+
+
+def spent(ledger: Ledger, run: Run, settings: Settings) -> bool:
+    if settings.max_trials is None:
+        return False
+    ran = [t for t in ledger.trials(run.id) if t.source != "baseline" and t.status != "skipped"]
+    return len(ran) >= settings.max_trials
+
+
+def narrowed(space: Space, changes: list[RangeChange]) -> Space:
+    for c in changes:
+        space = space.narrowed(c.knob, c.low, c.high)
+    return space
+
+
+def narrow(space: Space, planner: Planner, history: list[Trial], ledger: Ledger, run: Run, say: Callable) -> Space:
+    """Apply and record the ranges the planner wants the sampler to keep to."""
+    for n in getattr(planner, "narrow", lambda *a: [])(space, history):
+        try:
+            space = space.narrowed(n.knob, n.low, n.high)
+        except ValueError as e:  # a planner's range is data like its proposals: refused, not trusted
+            say("narrow_refused", planner=planner.name, reason=str(e))
+            continue
+        ledger.add(RangeChange(run_id=run.id, after_trial=max((t.number for t in history), default=-1),
+                               planner=planner.name, knob=n.knob, low=n.low, high=n.high, rationale=n.rationale))
+        say("narrow", knob=n.knob, low=n.low, high=n.high, rationale=n.rationale)
+    return space
 
 
 def waiting(study: optuna.Study) -> bool:
@@ -149,7 +213,8 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
         failure_message=failure.get("message"), log_tail=failure.get("log_tail") or None,
         tps=bench.get("tps"), ppl=quality.get("ppl"), errors=bench.get("errors"),
         ttft_p99_ms=(bench.get("ttft_ms") or {}).get("p99"), itl_p99_ms=(bench.get("itl_ms") or {}).get("p99"),
-        metrics=result.get("metrics") or {}, timings=result.get("timings") or {}, log_path=result.get("log_path"),
+        metrics=result.get("metrics") or {}, greedy=[g["token_ids"] for g in quality.get("greedy") or []] or None,
+        timings=result.get("timings") or {}, log_path=result.get("log_path"),
         meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow())
     ledger.update(row, **values)
     with ledger.session.begin() as s:
@@ -165,8 +230,8 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
                      say: Callable) -> Baseline:
     """Engine defaults (the space's fixed part only) on several server instances: this gives the noise."""
     rows = [t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"]
-    results = []
-    while len(rows) + len(results) < settings.baseline_instances:
+    measured = 0
+    while len(rows) + measured < settings.baseline_instances:
         row = start_trial(run, ledger, space, {}, "baseline", rationale="engine defaults")
         say("trial", number=row.number, source="baseline", params={}, left_s=seconds_left(run.deadline_at), best=None)
         result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say)
@@ -174,7 +239,7 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
         if result.get("status") != "ok":
             failure = result.get("failure") or {}
             raise BaselineFailed(f"the baseline config failed ({failure.get('class')}): {failure.get('message')}")
-        results.append((row, result))
+        measured += 1
     rows = [t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"]
     instance_tps = [r.tps for r in rows]
     tps = statistics.median(instance_tps)
@@ -184,23 +249,13 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
                         default=0.0)
     noise = round(max(spread_between, spread_within), 4)
     ppl = statistics.fmean(r.ppl for r in rows)
-    first = rows[0]
-    greedy = _greedy(first, results)
+    greedy = rows[0].greedy
     for row in rows:
         ledger.update(row, tps_ratio=round(row.tps / tps, 4), ppl_change=round(row.ppl / ppl - 1, 5),
                       gate_passed=None, gate_reasons=["baseline"])
     ledger.update(run, baseline_tps=tps, baseline_ppl=ppl, noise=noise)
     say("baseline", tps=tps, ppl=ppl, noise=noise, instances=instance_tps)
     return Baseline(tps=tps, ppl=ppl, greedy=greedy, noise=noise)
-
-
-def _greedy(row: Trial, results: list) -> list[list[int]]:
-    # Greedy ids live in the worker's result file, not in the ledger's columns.
-    for r, result in results:
-        if r.id == row.id:
-            return [g["token_ids"] for g in result["quality"]["greedy"]]
-    path = Path(row.log_path or "").with_name("result.json")
-    return [g["token_ids"] for g in json.loads(path.read_text())["quality"]["greedy"]]
 
 
 def evaluate(run: Run, row: Trial, settings: Settings, space: Space, ledger: Ledger, engine: Engine,

@@ -24,12 +24,42 @@ class Proposal:
     expected: str
 
 
+@dataclass(frozen=True)
+class Narrowing:
+    """The sampler draws a numeric knob from [low, high] from now on (planner proposals are not bound)."""
+
+    knob: str
+    low: float
+    high: float
+    rationale: str
+
+
 class Planner(Protocol):
     name: str
 
     def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
         """Up to k proposals, valid points of space, none already tried in history."""
         ...
+
+    def narrow(self, space: Space, history: list[Trial]) -> list[Narrowing]:
+        """Ranges the sampler should keep to from now on, given what history showed (may be empty)."""
+        ...
+
+
+class NoPlanner:
+    """The sampler alone (`--planner off`, and the benchmark's Optuna-only arm)."""
+
+    name = "off"
+
+    def propose(self, space, run, history, facts, k):
+        return []
+
+    def narrow(self, space, history):
+        return []
+
+
+# Failures that say a value was too large for this machine, not that a combination was refused.
+CAPACITY_FAILURES = ("oom", "start_timeout")
 
 
 def _tried(history: list[Trial]) -> set[str]:
@@ -57,6 +87,31 @@ class BuiltinPlanner:
             out.append(Proposal(params, rationale, expected))
             if len(out) == k:
                 break
+        return out
+
+    def narrow(self, space: Space, history: list[Trial]) -> list[Narrowing]:
+        """Keep the sampler below values that ran out of memory or time while smaller ones ran.
+
+        The new top is the geometric middle between the largest value that worked and the smallest
+        that failed, so one unlucky failure halves the range rather than cutting it to what is known.
+        """
+        out = []
+        for knob in space.knobs.values():
+            if knob.type not in ("int", "float"):
+                continue
+            failed = [t.params[knob.name] for t in history
+                      if t.failure_class in CAPACITY_FAILURES and knob.name in t.params]
+            worked = [t.params[knob.name] for t in history if t.status == "ok" and knob.name in t.params]
+            if not failed or not worked or max(worked) >= min(failed) or max(worked) < knob.low:
+                continue
+            top = (max(worked) * min(failed)) ** 0.5
+            top = int(top) if knob.type == "int" else round(top, 6)
+            if top < knob.high and top >= max(worked):
+                fails = sorted(t.failure_class for t in history if t.failure_class in CAPACITY_FAILURES
+                               and knob.name in t.params)
+                out.append(Narrowing(knob.name, knob.low, top,
+                                     f"{knob.name} failed ({', '.join(sorted(set(fails)))}) at {min(failed)} and "
+                                     f"above while {max(worked)} ran: the sampler keeps to [{knob.low}, {top}]"))
         return out
 
     @staticmethod

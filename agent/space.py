@@ -12,7 +12,7 @@ import hashlib
 import json
 import operator
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,8 @@ class Knob:
     target: str = "flag"
 
     def applies(self, point: dict) -> bool:
-        return all(point.get(k) == v for k, v in self.when.items())
+        # A `when` value may be one value or a list of them (num_speculative_tokens serves two methods).
+        return all(point.get(k) in v if isinstance(v, list) else point.get(k) == v for k, v in self.when.items())
 
     def suggest(self, trial: optuna.Trial) -> Any:
         if self.type == "int":
@@ -118,6 +119,26 @@ class Space:
         if not out:  # rules compare values, so they only make sense once every value is well typed
             out += [f"rule broken: {r.reason}" for r in self.rules if r.broken(point)]
         return out
+
+    def narrowed(self, name: str, low: float, high: float) -> "Space":
+        """The same space with one numeric knob's range cut to [low, high] (for the sampler only)."""
+        knob = self.knobs.get(name)
+        if knob is None or knob.type not in ("int", "float"):
+            raise SpaceError(f"narrow: {name!r} is not a numeric knob of {self.path}")
+        if not knob.low <= low <= high <= knob.high or (knob.log and low <= 0):
+            raise SpaceError(f"narrow: [{low}, {high}] is not inside {name}'s range [{knob.low}, {knob.high}]")
+        return replace(self, knobs={**self.knobs, name: replace(knob, low=low, high=high)})
+
+    def with_choices(self, name: str, extra: list) -> "Space":
+        """The same space with more choices for a categorical knob (draft models the user listed)."""
+        knob = self.knobs[name]
+        choices = tuple(dict.fromkeys([*knob.choices, *extra]))
+        return replace(self, knobs={**self.knobs, name: replace(knob, choices=choices)},
+                       hash=hashlib.sha256(f"{self.hash}{name}{choices}".encode()).hexdigest()[:16])
+
+    def with_knob(self, knob: Knob) -> "Space":
+        return replace(self, knobs={**self.knobs, knob.name: knob},
+                       hash=hashlib.sha256(f"{self.hash}{knob}".encode()).hexdigest()[:16])
 
     def broken_rules(self, point: dict) -> list[str]:
         return [r.reason for r in self.rules if r.broken(point)]
@@ -202,7 +223,7 @@ def load(path: str | Path) -> Space:
     knobs = {name: _knob(f"{path}: knobs.{name}", name, k) for name, k in raw["knobs"].items()}
     for name, knob in knobs.items():
         for dep, value in knob.when.items():
-            if dep not in knobs or knobs[dep].check(value):
+            if dep not in knobs or any(knobs[dep].check(v) for v in (value if isinstance(value, list) else [value])):
                 raise SpaceError(f"{path}: knobs.{name}.when: {dep}={value!r} is not a value of a knob")
     fixed = raw.get("fixed") or {}
     try:

@@ -152,3 +152,64 @@ def test_planner_goes_first_builds_on_the_best_and_says_why(night):
     assert ngram.params["VLLM_CPU_OMP_THREADS_BIND"] == first.params["VLLM_CPU_OMP_THREADS_BIND"]
     assert "ngram" in ngram.rationale and f"trial {first.number}" in ngram.rationale
     assert all(t.rationale for t in trials if t.source == "planner")
+
+
+def _run(tmp_path, run_id, engine, settings, planner=None, ledger=None, hours=1):
+    ledger = ledger or Ledger(tmp_path / "ledger.sqlite")
+    space = spaces.load("vllm-cpu")
+    run = ledger.run(run_id) or ledger.add(Run(
+        id=run_id, deadline_at=(datetime.now(timezone.utc) + timedelta(hours=hours)).isoformat(), model="m",
+        space_path=space.path, space_hash=space.hash, workload="smoke", repo="", settings={"home": str(tmp_path)}))
+    repo = gitops.open_repo(tmp_path / "p", create=True)
+    return ledger, run_search(run, settings, space, ledger, engine, repo, f"sqlite:///{tmp_path / 'o.sqlite'}",
+                              planner=planner)
+
+
+def test_max_trials_stops_early_and_a_second_call_goes_on_where_the_first_stopped(tmp_path):
+    engine = FakeEngine()
+    settings = Settings(model="m", workload="smoke", max_trials=3, facts={"cpus": 2, "concurrency": 1})
+    ledger, run = _run(tmp_path, "r3", engine, settings)
+    ran = [t for t in ledger.trials("r3") if t.source != "baseline" and t.status != "skipped"]
+    assert len(ran) == 3 and run.status == "finished"
+    calls = engine.calls
+    settings.max_trials = 5
+    ledger, _ = _run(tmp_path, "r3", engine, settings, ledger=ledger)
+    ran = [t for t in ledger.trials("r3") if t.source != "baseline" and t.status != "skipped"]
+    # The baseline is not measured again, and no point is run twice across the two calls.
+    assert len(ran) == 5 and engine.calls == calls + 2
+    assert len({repr(sorted(t.params.items())) for t in ran}) == 5
+    # The planner/sampler alternation carries over: the planner had the last trial before the
+    # restart, so the sampler has the first one after it (a fresh start would give it to the planner).
+    sources = [t.source for t in ran]
+    assert sources[:3] == ["planner", "sampler", "planner"] and sources[3] == "sampler", sources
+
+
+def test_planner_off_leaves_every_trial_to_the_sampler(tmp_path):
+    from agent.planner import NoPlanner
+
+    settings = Settings(model="m", workload="smoke", max_trials=4, sampler="random")
+    ledger, _ = _run(tmp_path, "r4", FakeEngine(), settings, planner=NoPlanner())
+    assert {t.source for t in ledger.trials("r4")} == {"baseline", "sampler"}
+
+
+class OOMAbove(FakeEngine):
+    """Runs out of memory above a max-num-seqs threshold, like a real server with a small KV cache."""
+
+    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        if spec["flags"].get("max-num-seqs", 0) > 40:
+            self.calls += 1
+            return {"status": "failed", "failure": {"class": "oom", "message": "fake: OOM", "log_tail": ""},
+                    "timings": {}, "workload": {}}
+        return super().evaluate(spec, trial_dir, timeout_s, on_phase)
+
+
+def test_the_planner_narrows_a_range_after_capacity_failures_and_the_sampler_keeps_to_it(tmp_path):
+    settings = Settings(model="m", workload="smoke", max_trials=40, facts={"cpus": 2, "concurrency": 1})
+    ledger, _ = _run(tmp_path, "r5", OOMAbove(), settings)
+    changes = ledger.narrowings("r5")
+    assert changes, "max-num-seqs failed with oom above 40 while smaller values ran"
+    first = changes[0]
+    assert first.knob == "max-num-seqs" and first.high < 256 and "oom" in first.rationale
+    later = [t for t in ledger.trials("r5") if t.source == "sampler" and t.number > first.after_trial
+             and "max-num-seqs" in t.params]
+    assert later and all(t.params["max-num-seqs"] <= changes[-1].high for t in later if t.number > changes[-1].after_trial)
