@@ -18,7 +18,8 @@ import yaml
 
 pytestmark = pytest.mark.engine
 
-BASE = {"flags": {"max-model-len": 2048}, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}, "workload": "smoke"}
+BASE = {"flags": {"max-model-len": 2048}, "env": {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_USE_AOT_COMPILE": "0"},
+        "workload": "smoke"}
 
 
 def start_worker(tmp_path, name, spec):

@@ -47,3 +47,16 @@ def test_batching_and_kv_moves_cite_the_metric_that_triggered_them():
 def test_no_move_without_its_trigger():
     calm = propose([trial(0, {}, {"kv_cache_usage_max": 0.2, "requests_waiting_max": 0})], concurrency=16, cpus=1)
     assert calm == []
+
+
+def test_narrows_only_below_capacity_failures_and_cites_them():
+    def t(n, seqs, status="ok", klass=None):
+        return Trial(number=n, params={"max-num-seqs": seqs}, status=status, failure_class=klass, metrics={})
+
+    history = [t(1, 16), t(2, 200, "failed", "oom"), t(3, 100, "failed", "start_timeout")]
+    [change] = BuiltinPlanner().narrow(SPACE, history)
+    assert change.knob == "max-num-seqs" and change.high == 40 and change.low == 1  # sqrt(16 * 100)
+    assert "oom" in change.rationale and "start_timeout" in change.rationale
+    # A larger value that ran says the failure was not about size; a refused config is not capacity.
+    assert BuiltinPlanner().narrow(SPACE, [*history, t(4, 150)]) == []
+    assert BuiltinPlanner().narrow(SPACE, [t(1, 16), t(2, 200, "failed", "invalid_config")]) == []

@@ -1,0 +1,41 @@
+"""Draft models: only listed ones, only with the target's vocabulary, and they reach vLLM's JSON flag."""
+
+import pytest
+
+from agent import drafts, space as spaces
+
+TARGET = {"<bos>": 2, "hello": 10, "world": 11}
+
+
+def read(vocabs):
+    return lambda model: vocabs[model]
+
+
+def test_a_draft_with_another_vocabulary_is_refused_naming_the_first_difference():
+    vocabs = {"target": TARGET, "same": dict(TARGET), "other": {**TARGET, "world": 12}}
+    drafts.check_vocab("target", "same", read=read(vocabs))
+    with pytest.raises(drafts.DraftError, match=r"'other'.*'world': 12 vs 11"):
+        drafts.check_vocab("target", "other", read=read(vocabs))
+
+
+@pytest.mark.engine  # needs the prepared model (2 minutes the first time), as the engine tests do
+def test_the_real_tokenizer_of_the_embedded_model_matches_itself_and_a_missing_folder_is_named(
+        embedded_model, tmp_path):
+    folder = embedded_model
+    drafts.check_vocab(str(folder), str(folder))
+    with pytest.raises(drafts.DraftError, match="cannot read the tokenizer"):
+        drafts.check_vocab(str(folder), str(tmp_path / "nothing"))
+
+
+def test_listed_drafts_become_choices_and_reach_the_speculative_config_flag():
+    space = drafts.add_drafts(spaces.load("vllm-cpu"), ["/models/draft-a", "/models/draft-b"])
+    point = {"speculative-config.method": "draft_model", "speculative-config.model": "/models/draft-b",
+             "speculative-config.num_speculative_tokens": 3}
+    assert space.problems(point) == []
+    flags, _ = space.to_flags_env(point)
+    assert flags["speculative-config"] == {"method": "draft_model", "model": "/models/draft-b",
+                                           "num_speculative_tokens": 3}
+    assert space.problems({**point, "speculative-config.model": "/elsewhere"})  # not listed: refused
+    # ngram keeps its own lookup knobs; a draft model does not take them.
+    assert space.problems({**point, "speculative-config.prompt_lookup_min": 2})
+    assert drafts.add_drafts(spaces.load("vllm-cpu"), []).hash == spaces.load("vllm-cpu").hash
