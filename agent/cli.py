@@ -71,6 +71,16 @@ def run(
     ppl_max: float = typer.Option(None, help="Optional absolute perplexity bound."),
     min_gain: float = typer.Option(0.0, help="Gain required on top of the measured noise, e.g. 0.02."),
     baseline_instances: int = typer.Option(2, min=1, max=10, help="Server instances the baseline is measured on."),
+    drift_every: int = typer.Option(10, min=0, help="Candidate trials between re-measurements of the baseline "
+                                                    "(0: never)."),
+    recheck: bool = typer.Option(True, help="Re-measure each accepted config on a fresh server and held-out "
+                                            "prompts before committing it."),
+    heldout_margin: float = typer.Option(0.05, min=0, max=1, help="Share of the ratio a config may lose on "
+                                                                  "held-out prompts and still be committed."),
+    slo_ttft_p99_ms: float = typer.Option(None, min=0, help="SLO: refuse configs whose p99 time to first token "
+                                                            "is above this."),
+    slo_itl_p99_ms: float = typer.Option(None, min=0, help="SLO: refuse configs whose p99 inter-token latency "
+                                                           "is above this."),
     repeats: int = typer.Option(2, min=1, max=20, help="Measured repeats per server instance."),
     seed: int = typer.Option(0, help="Sampler seed."),
     sampler_per_planner: int = typer.Option(1, min=0, max=100, help="Sampler trials between two planner trials."),
@@ -134,7 +144,10 @@ def run(
     now = datetime.now(timezone.utc)
     run_id = now.strftime("%Y%m%d-%H%M%S")
     settings = Settings(model=model, workload=workload, quality=quality, baseline_instances=baseline_instances, repeats=repeats,
-                        seed=seed, gate=GateSettings(ppl_tolerance=ppl_tolerance, ppl_max=ppl_max, min_gain=min_gain),
+                        seed=seed, gate=GateSettings(ppl_tolerance=ppl_tolerance, ppl_max=ppl_max, min_gain=min_gain,
+                                                        heldout_margin=heldout_margin, ttft_p99_ms_max=slo_ttft_p99_ms,
+                                                        itl_p99_ms_max=slo_itl_p99_ms),
+                        drift_every=drift_every, recheck=recheck,
                         sampler_per_planner=sampler_per_planner, sampler=sampler, max_trials=max_trials,
                         facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
     engine = engine_info()
@@ -146,7 +159,9 @@ def run(
                   "repeats": repeats, "seed": seed, "ppl_tolerance": ppl_tolerance, "ppl_max": ppl_max,
                   "min_gain": min_gain, "sampler_per_planner": sampler_per_planner,
                   "planner": planner or "builtin", "planner_base_url": planner_base_url, "sampler": sampler,
-                  "max_trials": max_trials, "draft_models": draft_model or []}))
+                  "max_trials": max_trials, "draft_models": draft_model or [], "drift_every": drift_every,
+                  "recheck": recheck, "heldout_margin": heldout_margin, "slo_ttft_p99_ms": slo_ttft_p99_ms,
+                  "slo_itl_p99_ms": slo_itl_p99_ms}))
     say = event_logger(home / run_id / "events.jsonl", console)
     chosen = None
     if planner == "off":
@@ -180,8 +195,13 @@ def _stop_like_ctrl_c(signum, frame) -> None:
 
 
 def _close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None:
-    for t in ledger.trials(run_id, status="running"):
-        ledger.update(t, status="interrupted", failure_class="interrupted", finished_at=ledgers.utcnow())
+    from agent.loop import AWAITING_RECHECK
+
+    for t in ledger.trials(run_id):
+        if t.status == "running":
+            ledger.update(t, status="interrupted", failure_class="interrupted", finished_at=ledgers.utcnow())
+        elif t.gate_reasons == [AWAITING_RECHECK]:
+            ledger.update(t, gate_passed=False, gate_reasons=["interrupted during the held-out re-check: not committed"])
     ledger.update(ledger.run(run_id), status=status, finished_at=ledgers.utcnow())
 
 
@@ -228,10 +248,13 @@ def verify(
                             rounds, split, say=lambda m: console.print(m, highlight=False))
     except (VerifyError, gitops.RepoError) as e:
         raise fail(str(e), 1) from None
-    out.print(f"{branch}: recorded {report['recorded_ratio']:.3f}x; re-measured {report['ratio']:.3f}x on "
-              f"{split} prompts (defaults {report['defaults_tps']}, candidate {report['candidate_tps']} tok/s); "
-              f"{'within' if report['within_noise'] else 'OUTSIDE'} ±{2 * report['noise']:.1%} of the claim",
-              highlight=False)
+    low, high = report["interval"]
+    out.print(f"{branch}: claimed {report['claimed_ratio']:.3f}x; re-measured {report['ratio']:.3f}x "
+              f"[95% interval {low:.3f}x to {high:.3f}x, {rounds} round(s)] on {split} prompts "
+              f"(defaults {report['defaults_tps']}, candidate {report['candidate_tps']} tok/s): the claim is "
+              f"{'inside' if report['within_interval'] else 'OUTSIDE'} the interval", highlight=False)
+    if not report["within_interval"]:
+        raise typer.Exit(1)
 
 
 @ledger_app.callback(invoke_without_command=True)
@@ -252,8 +275,8 @@ def ledger_list(
     if as_json:
         out.print_json(ledgers.to_json(rows))
         return
-    columns = ["run_id", "number", "source", "status", "failure_class", "tps", "tps_ratio", "ppl", "ppl_change",
-               "agreement", "gate_passed", "branch"]
+    columns = ["run_id", "number", "source", "status", "failure_class", "tps", "drift", "tps_ratio", "heldout_ratio",
+               "ppl", "ppl_change", "agreement", "gate_passed", "branch"]
     if as_csv:
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)

@@ -14,6 +14,9 @@ class GateSettings:
     ppl_tolerance: float = 0.01        # relative: ppl <= baseline ppl * (1 + tolerance)
     ppl_max: float | None = None       # optional absolute bound
     min_gain: float = 0.0              # margin the TPS gain must clear on top of the noise
+    heldout_margin: float = 0.05       # how much of the ratio may be lost on held-out prompts
+    ttft_p99_ms_max: float | None = None   # SLO bounds: a faster config that breaks one is refused
+    itl_p99_ms_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,8 @@ class Baseline:
     ppl: float
     greedy: list[list[int]]
     noise: float                       # relative spread of TPS across baseline server instances
+    drift: float = 1.0                 # the machine's speed now relative to when the baseline was measured
+    heldout_tps: float | None = None   # the baseline on the held-out prompts (same instances)
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings =
         return Verdict(False, [f"trial failed: {failure.get('class')}: {failure.get('message', '')[:200]}"])
     reasons = []
     tps, ppl = result["bench"]["tps"], result["quality"]["ppl"]
-    ratio = tps / base.tps
+    ratio = tps / (base.tps * base.drift)
     ppl_change = ppl / base.ppl - 1
     agree = agreement(base.greedy, [g["token_ids"] for g in result["quality"]["greedy"]])
     if result["bench"]["errors"]:
@@ -62,8 +67,41 @@ def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings =
         reasons.append(f"perplexity {ppl:.4f} is above the absolute bound {settings.ppl_max}")
     if lossless and agree < 1.0:
         reasons.append(f"broken lossless claim: greedy outputs agree {agree:.1%} with the baseline's, 100% required")
+    reasons += slo_breaches(result["bench"], settings)
     needed = 1 + base.noise + settings.min_gain
     if ratio <= needed:
         reasons.append(f"TPS ratio {ratio:.3f} does not clear the noise: needs more than {needed:.3f} "
                        f"(noise ±{base.noise:.1%}, margin {settings.min_gain:.1%})")
     return Verdict(not reasons, reasons, round(ratio, 4), round(ppl_change, 5), agree)
+
+
+def slo_breaches(bench: dict, settings: GateSettings) -> list[str]:
+    out = []
+    for key, bound, name in (("ttft_ms", settings.ttft_p99_ms_max, "time to first token"),
+                             ("itl_ms", settings.itl_p99_ms_max, "inter-token latency")):
+        p99 = (bench.get(key) or {}).get("p99")
+        if bound is not None and p99 is not None and p99 > bound:
+            out.append(f"SLO: p99 {name} {p99:.0f} ms is above the bound {bound:.0f} ms")
+    return out
+
+
+def slo_excess(bench: dict, settings: GateSettings) -> float:
+    """How far the worst SLO is broken, relative to its bound (0 when all hold): Optuna's constraint."""
+    worst = 0.0
+    for key, bound in (("ttft_ms", settings.ttft_p99_ms_max), ("itl_ms", settings.itl_p99_ms_max)):
+        p99 = (bench.get(key) or {}).get("p99")
+        if bound and p99 is not None:
+            worst = max(worst, p99 / bound - 1)
+    return worst
+
+
+def heldout_check(search_ratio: float, heldout_tps: float, base: Baseline, settings: GateSettings) -> tuple[float, list[str]]:
+    """The ratio on held-out prompts (fresh server) and why it does not confirm the search ratio, if so."""
+    ratio = heldout_tps / (base.heldout_tps * base.drift)
+    reasons = []
+    if ratio < search_ratio * (1 - settings.heldout_margin):
+        reasons.append(f"held-out re-check: {ratio:.3f}x on prompts the search never saw against {search_ratio:.3f}x "
+                       f"on the search prompts, a drop beyond the allowed {settings.heldout_margin:.0%}")
+    if ratio <= 1:
+        reasons.append(f"held-out re-check: {ratio:.3f}x, no faster than the defaults on held-out prompts")
+    return round(ratio, 4), reasons

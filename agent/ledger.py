@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine,
                         event, inspect, select, text)
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
 
 def utcnow() -> str:
@@ -54,7 +54,7 @@ class Trial(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     number: Mapped[int] = mapped_column(Integer)
-    source: Mapped[str] = mapped_column(String)            # baseline, planner, sampler
+    source: Mapped[str] = mapped_column(String)            # baseline, drift (a later baseline), planner, sampler
     optuna_number: Mapped[int | None] = mapped_column(Integer)
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)   # the point of the space
     flags: Mapped[dict[str, Any]] = mapped_column(default=dict)    # what reached vLLM
@@ -65,7 +65,11 @@ class Trial(Base):
     failure_message: Mapped[str | None] = mapped_column(Text)
     log_tail: Mapped[str | None] = mapped_column(Text)
     tps: Mapped[float | None] = mapped_column(Float)
-    tps_ratio: Mapped[float | None] = mapped_column(Float)
+    tps_ratio: Mapped[float | None] = mapped_column(Float)             # drift-corrected TPS / baseline TPS
+    drift: Mapped[float | None] = mapped_column(Float)                 # machine speed factor applied (1: none)
+    tps_corrected: Mapped[float | None] = mapped_column(Float)         # tps / drift
+    heldout_tps: Mapped[float | None] = mapped_column(Float)           # fresh server, held-out prompts
+    heldout_ratio: Mapped[float | None] = mapped_column(Float)
     ppl: Mapped[float | None] = mapped_column(Float)
     ppl_change: Mapped[float | None] = mapped_column(Float)
     agreement: Mapped[float | None] = mapped_column(Float)

@@ -6,12 +6,11 @@ better and no worse) -> ledger (every trial, failures included) -> git (accepted
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -19,11 +18,12 @@ import optuna
 
 from agent import gitops, proposal
 from agent.budget import seconds_left
-from agent.gate import Baseline, GateSettings, check
+from agent.gate import Baseline, GateSettings, check, heldout_check, slo_excess
 from agent.ledger import Ledger, RangeChange, Repeat, Run, Trial, utcnow
 from agent.planner import BuiltinPlanner, Planner
 from agent.space import Space
 
+AWAITING_RECHECK = "passed on the search prompts; awaiting the held-out re-check"
 # After this many asks in a row that only repeat answered points, the space is spent.
 MAX_REPEATS_IN_A_ROW = 200
 
@@ -50,6 +50,8 @@ class Settings:
     sampler_per_planner: int = 1   # sampler trials between two planner trials
     sampler: str = "tpe"           # tpe, or random (the benchmark's control arm)
     max_trials: int | None = None  # stop after this many candidate trials, even with budget left
+    recheck: bool = True           # re-measure an accepted config on a fresh server and held-out prompts
+    drift_every: int = 10          # candidate trials between two re-measurements of the baseline (0: never)
     facts: dict = field(default_factory=dict)  # hardware and workload facts for the planner
 
 
@@ -72,6 +74,9 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
     seen, since_planner = told_so_far(study, settings)
     repeats_in_a_row = 0
     while (left := seconds_left(run.deadline_at)) > expected_trial_s(ledger, run) and not spent(ledger, run, settings):
+        if drift_due(ledger, run, settings):
+            base = check_drift(run, settings, space, ledger, engine, base, say)
+            continue
         if since_planner >= settings.sampler_per_planner and not waiting(study):
             history = ledger.trials(run.id)
             enqueue(study, planner.propose(space, run, history, settings.facts, k=1))
@@ -173,13 +178,14 @@ def enqueue(study: optuna.Study, proposals: list) -> None:
 
 def expected_trial_s(ledger: Ledger, run: Run) -> float:
     """The longest trial so far: no trial starts that the measured times say cannot finish."""
-    durations = [t.timings.get("total_s", 0) for t in ledger.trials(run.id) if t.status in ("ok", "failed")]
+    durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_s", 0)
+                 for t in ledger.trials(run.id) if t.status in ("ok", "failed")]
     return max(durations, default=0.0)
 
 
-def spec_for(run: Run, settings: Settings, flags: dict, env: dict) -> dict:
+def spec_for(run: Run, settings: Settings, flags: dict, env: dict, **extra) -> dict:
     return {"model": settings.model, "flags": flags, "env": env, "workload": settings.workload,
-            "quality": settings.quality, "repeats": settings.repeats}
+            "quality": settings.quality, "repeats": settings.repeats, **extra}
 
 
 def start_trial(run: Run, ledger: Ledger, space: Space, point: dict, source: str,
@@ -194,11 +200,12 @@ def best_ratio(ledger: Ledger, run: Run) -> float | None:
     return max((t.tps_ratio for t in ledger.trials(run.id) if t.gate_passed), default=None)
 
 
-def run_worker(run: Run, row: Trial, settings: Settings, engine: Engine, timeout_s: float, say: Callable) -> dict:
-    trial_dir = Path(run.settings["home"]) / run.id / f"trial-{row.number:03d}"
+def run_worker(run: Run, row: Trial, settings: Settings, engine: Engine, timeout_s: float, say: Callable,
+               suffix: str = "", **extra) -> dict:
+    trial_dir = Path(run.settings["home"]) / run.id / f"trial-{row.number:03d}{suffix}"
     started = utcnow()
     t0 = time.monotonic()
-    result = engine.evaluate(spec_for(run, settings, row.flags, row.env), trial_dir, timeout_s,
+    result = engine.evaluate(spec_for(run, settings, row.flags, row.env, **extra), trial_dir, timeout_s,
                              on_phase=lambda phase: say("phase", number=row.number, phase=phase))
     result.setdefault("timings", {})["total_s"] = round(time.monotonic() - t0, 1)
     result["started_at"] = started
@@ -211,7 +218,7 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
     values = dict(
         status=result.get("status", "failed"), failure_class=failure.get("class"),
         failure_message=failure.get("message"), log_tail=failure.get("log_tail") or None,
-        tps=bench.get("tps"), ppl=quality.get("ppl"), errors=bench.get("errors"),
+        tps=bench.get("tps"), ppl=quality.get("ppl"), heldout_tps=(result.get("bench_heldout") or {}).get("tps"), errors=bench.get("errors"),
         ttft_p99_ms=(bench.get("ttft_ms") or {}).get("p99"), itl_p99_ms=(bench.get("itl_ms") or {}).get("p99"),
         metrics=result.get("metrics") or {}, greedy=[g["token_ids"] for g in quality.get("greedy") or []] or None,
         timings=result.get("timings") or {}, log_path=result.get("log_path"),
@@ -230,16 +237,8 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
                      say: Callable) -> Baseline:
     """Engine defaults (the space's fixed part only) on several server instances: this gives the noise."""
     rows = [t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"]
-    measured = 0
-    while len(rows) + measured < settings.baseline_instances:
-        row = start_trial(run, ledger, space, {}, "baseline", rationale="engine defaults")
-        say("trial", number=row.number, source="baseline", params={}, left_s=seconds_left(run.deadline_at), best=None)
-        result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say)
-        record(ledger, row, result)
-        if result.get("status") != "ok":
-            failure = result.get("failure") or {}
-            raise BaselineFailed(f"the baseline config failed ({failure.get('class')}): {failure.get('message')}")
-        measured += 1
+    for _ in range(settings.baseline_instances - len(rows)):
+        run_baseline(run, settings, space, ledger, engine, say, "baseline", "engine defaults")
     rows = [t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"]
     instance_tps = [r.tps for r in rows]
     tps = statistics.median(instance_tps)
@@ -255,7 +254,53 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
                       gate_passed=None, gate_reasons=["baseline"])
     ledger.update(run, baseline_tps=tps, baseline_ppl=ppl, noise=noise)
     say("baseline", tps=tps, ppl=ppl, noise=noise, instances=instance_tps)
-    return Baseline(tps=tps, ppl=ppl, greedy=greedy, noise=noise)
+    heldout = [r.heldout_tps for r in rows if r.heldout_tps]
+    base = Baseline(tps=tps, ppl=ppl, greedy=greedy, noise=noise,
+                    heldout_tps=statistics.median(heldout) if heldout else None)
+    checks = [t for t in ledger.trials(run.id) if t.source == "drift" and t.status == "ok"]
+    return replace(base, drift=checks[-1].drift) if checks else base  # a resumed run keeps its drift
+
+
+def run_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, say: Callable,
+                 source: str, rationale: str) -> Trial:
+    """One fresh server with the engine defaults, measured on the search and the held-out prompts."""
+    row = start_trial(run, ledger, space, {}, source, rationale=rationale)
+    say("trial", number=row.number, source=source, params={}, left_s=seconds_left(run.deadline_at), best=None)
+    result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say, heldout_bench=True)
+    record(ledger, row, result)
+    if result.get("status") != "ok":
+        failure = result.get("failure") or {}
+        raise BaselineFailed(f"the baseline config failed ({failure.get('class')}): {failure.get('message')}")
+    return ledger.trial(run.id, row.number)
+
+
+def drift_due(ledger: Ledger, run: Run, settings: Settings) -> bool:
+    if not settings.drift_every:
+        return False
+    since = 0
+    for t in reversed(ledger.trials(run.id)):
+        if t.source in ("baseline", "drift"):
+            break
+        since += t.status in ("ok", "failed")
+    return since >= settings.drift_every
+
+
+def check_drift(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, base: Baseline,
+                say: Callable) -> Baseline:
+    """Measure the defaults again; a move beyond the noise is the machine's, and is divided out from now on.
+
+    One instance is within the noise of the baseline's instances by construction, so a move
+    inside the noise is not called drift (correcting by it would only add one instance's noise).
+    """
+    row = run_baseline(run, settings, space, ledger, engine, say, "drift",
+                       f"drift check after {settings.drift_every} candidate trials")
+    factor = row.tps / base.tps
+    drift = round(factor, 4) if abs(factor - 1) > base.noise else 1.0
+    ledger.update(row, drift=drift, tps_corrected=row.tps, tps_ratio=round(factor, 4), gate_passed=None,
+                  gate_reasons=[f"drift check: defaults now at {factor:.3f}x of the baseline; "
+                                f"{'correcting by ' + str(drift) if drift != 1.0 else 'within the noise, no correction'}"])
+    say("drift", tps=row.tps, factor=round(factor, 4), applied=drift)
+    return replace(base, drift=drift)
 
 
 def evaluate(run: Run, row: Trial, settings: Settings, space: Space, ledger: Ledger, engine: Engine,
@@ -265,10 +310,14 @@ def evaluate(run: Run, row: Trial, settings: Settings, space: Space, ledger: Led
     record(ledger, row, result)
     verdict = check(result, base, row.lossless, settings.gate)
     ledger.update(row, gate_passed=verdict.passed, gate_reasons=verdict.reasons, tps_ratio=verdict.tps_ratio,
-                  ppl_change=verdict.ppl_change, agreement=verdict.agreement)
+                  ppl_change=verdict.ppl_change, agreement=verdict.agreement, drift=base.drift,
+                  tps_corrected=round(row.tps / base.drift, 3) if row.tps else None)
     if result.get("status") != "ok":
         say("result", number=row.number, row=row)
         return 0.0, 1.0
+    if verdict.passed and settings.recheck:
+        ledger.update(row, gate_passed=None, gate_reasons=[AWAITING_RECHECK])  # undecided if we die now
+        verdict = recheck(run, row, settings, ledger, engine, base, verdict, say)
     if verdict.passed:
         branch = f"agent/{run.id}/{row.number}"
         try:
@@ -278,5 +327,34 @@ def evaluate(run: Run, row: Trial, settings: Settings, space: Space, ledger: Led
             ledger.update(row, gate_reasons=[*verdict.reasons, f"not committed: {e}"])
     say("result", number=row.number, row=row)
     tol = settings.gate.ppl_tolerance
-    quality_excess = max(verdict.ppl_change - tol, (1 - verdict.agreement) if row.lossless else 0.0)
-    return verdict.tps_ratio, quality_excess
+    excess = max(verdict.ppl_change - tol, (1 - verdict.agreement) if row.lossless else 0.0,
+                 slo_excess(result["bench"], settings.gate))
+    return verdict.tps_ratio, excess
+
+
+def recheck(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Engine, base: Baseline,
+            verdict, say: Callable):
+    """Before a commit: the same config on a fresh server, on prompts the search never saw.
+
+    Speed only (quality was measured through the candidate's own server); compared with the
+    baseline's held-out figure from its own instances, corrected for drift.
+    """
+    if base.heldout_tps is None:
+        return verdict
+    say("phase", number=row.number, phase="held-out re-check")
+    from sandbox.workload import load_workload
+
+    meter = load_workload(settings.workload).with_split("heldout")
+    inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
+    result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say, suffix="-heldout",
+                        workload=inline, quality="none")
+    timings = {**row.timings, "recheck_s": result["timings"]["total_s"]}
+    if result.get("status") != "ok":
+        failure = result.get("failure") or {}
+        reasons = [f"held-out re-check failed: {failure.get('class')}: {(failure.get('message') or '')[:200]}"]
+        ledger.update(row, gate_passed=False, gate_reasons=[*verdict.reasons, *reasons], timings=timings)
+        return replace(verdict, passed=False, reasons=reasons)
+    ratio, reasons = heldout_check(verdict.tps_ratio, result["bench"]["tps"], base, settings.gate)
+    ledger.update(row, heldout_tps=result["bench"]["tps"], heldout_ratio=ratio, gate_passed=not reasons,
+                  gate_reasons=[*verdict.reasons, *reasons], timings=timings)
+    return replace(verdict, passed=not reasons, reasons=reasons)

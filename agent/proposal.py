@@ -30,6 +30,8 @@ def files(run: Run, trial: Trial, result: dict) -> dict[str, tuple[str, bool]]:
     results = {
         "run": run.id, "trial": trial.number, "source": trial.source, "rationale": trial.rationale,
         "tps": trial.tps, "tps_ratio": trial.tps_ratio, "baseline_tps": run.baseline_tps, "noise": run.noise,
+        "drift": trial.drift, "tps_corrected": trial.tps_corrected,
+        "heldout_tps": trial.heldout_tps, "heldout_ratio": trial.heldout_ratio,
         "ppl": trial.ppl, "ppl_change": trial.ppl_change, "baseline_ppl": run.baseline_ppl,
         "greedy_agreement": trial.agreement, "lossless": trial.lossless,
         "ttft_ms": result["bench"]["ttft_ms"], "itl_ms": result["bench"]["itl_ms"],
@@ -47,6 +49,8 @@ def files(run: Run, trial: Trial, result: dict) -> dict[str, tuple[str, bool]]:
 def message(run: Run, trial: Trial) -> str:
     head = (f"trial {trial.number}: {trial.tps:.2f} tok/s ({trial.tps_ratio:.3f}x defaults), "
             f"ppl {trial.ppl:.4f} ({trial.ppl_change:+.2%}), greedy agreement {trial.agreement:.0%}")
+    if trial.heldout_ratio is not None:
+        head += f"; held-out re-check {trial.heldout_ratio:.3f}x"
     changed = ", ".join(f"{k}={v}" for k, v in trial.params.items())
     body = f"\n\nChanged: {changed}\n" + (f"Why: {trial.rationale}\n" if trial.rationale else "")
     trailers = f"\nAgent-Run: {run.id}\nAgent-Trial: {trial.number}\nAgent-Source: {trial.source}\n"

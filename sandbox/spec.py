@@ -74,7 +74,8 @@ class TrialSpec:
     flags: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     workload: Workload = field(default_factory=lambda: load_workload("smoke"))
-    quality: Quality = field(default_factory=load_quality)
+    quality: Quality | None = field(default_factory=load_quality)  # None: no quality phase (a speed re-check)
+    heldout_bench: bool = False  # after the benchmark, measure the held-out prompts on the same server
     deadlines: Deadlines = field(default_factory=Deadlines)
     trust_remote_code: bool = False
     repeats: int = 1  # measured phases on the same server; the result reports their median
@@ -142,7 +143,8 @@ def check_env(env: Any, where: str = "env") -> dict[str, str]:
 def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
-    known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code", "repeats"}
+    known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code", "repeats",
+             "heldout_bench"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SpecError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -155,6 +157,9 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     repeats = raw.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 20:
         raise SpecError(f"{source}.repeats: {repeats!r} is not a whole number from 1 to 20")
+    heldout = raw.get("heldout_bench", False)
+    if not isinstance(heldout, bool):
+        raise SpecError(f"{source}.heldout_bench: {heldout!r} is not true or false")
     deadlines = raw.get("deadlines") or {}
     try:
         deadlines = Deadlines(**{k: float(v) for k, v in deadlines.items()})
@@ -162,7 +167,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         raise SpecError(f"{source}.deadlines: {deadlines!r} is not a mapping of phase_s: seconds ({e})") from None
     try:
         workload = load_workload(raw.get("workload", "smoke"))
-        quality = load_quality(raw.get("quality", "default"))
+        quality = None if raw.get("quality") == "none" else load_quality(raw.get("quality", "default"))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SpecError(f"{source}: {e}") from None
     return TrialSpec(
@@ -174,6 +179,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         deadlines=deadlines,
         trust_remote_code=trust,
         repeats=repeats,
+        heldout_bench=heldout,
     )
 
 

@@ -96,7 +96,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
         "hardware": host.hardware(),
         "workload": {"name": workload.name, "meter_version": workload.meter_version,
                      "hash": workload.hash, "prompt_split": workload.prompt_split},
-        "quality_set": {"name": spec.quality.name, "hash": spec.quality.hash},
+        "quality_set": {"name": spec.quality.name, "hash": spec.quality.hash} if spec.quality else None,
         "timings": {},
         "bench": None,
         "metrics": None,
@@ -161,14 +161,25 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
             raise TrialFailure("bad_output", f"{measured.short_outputs} of {measured.requests} requests did not "
                                              f"return the {workload.max_tokens} tokens asked for with ignore_eos")
 
-        enter("quality")
-        with deadline(spec.deadlines.quality_s, phase), httpx.Client(timeout=spec.deadlines.quality_s) as client:
-            ppl = quality.perplexity(client, server.base_url, server.model_name, spec.quality)
-            greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality)
-        server.fail_if_dead(phase)
-        result["quality"] = {"ppl": ppl.ppl, "nll": ppl.nll, "ppl_tokens": ppl.tokens,
-                             "ppl_windows": ppl.windows, "greedy": greedy}
-        lap("quality")
+        if spec.heldout_bench:  # same server, other prompts: the reference for held-out re-checks
+            heldout = workload.with_split("heldout")
+            with deadline(bench_s * spec.repeats + 10, phase):
+                reps = [asyncio.run(_measure(server, heldout, bench_s))[0] for _ in range(spec.repeats)]
+            server.fail_if_dead(phase)
+            median = sorted(reps, key=lambda r: r.tps)[len(reps) // 2]
+            result["bench_heldout"] = {**median.to_dict(), "repeats_tps": [r.tps for r in reps],
+                                       "hash": heldout.hash}
+            lap("heldout")
+
+        if spec.quality is not None:  # None: a speed re-check, quality was measured already
+            enter("quality")
+            with deadline(spec.deadlines.quality_s, phase), httpx.Client(timeout=spec.deadlines.quality_s) as client:
+                ppl = quality.perplexity(client, server.base_url, server.model_name, spec.quality)
+                greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality)
+            server.fail_if_dead(phase)
+            result["quality"] = {"ppl": ppl.ppl, "nll": ppl.nll, "ppl_tokens": ppl.tokens,
+                                 "ppl_windows": ppl.windows, "greedy": greedy}
+            lap("quality")
     except TrialFailure as failure:
         _fail(result, failure.klass, failure.message, failure.log_tail, log_path)
     except PhaseTimeout:

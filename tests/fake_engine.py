@@ -10,12 +10,19 @@ GREEDY = [[10 + i, 20 + i, 30 + i] for i in range(8)]
 
 
 class FakeEngine:
-    def __init__(self, delay_s: float = 0.02):
+    """slowdown: (after_calls, factor), the machine slowing down mid-run; speculation_heldout: what
+    ngram speculation's gain becomes on held-out prompts (it overfits the search prompts)."""
+
+    def __init__(self, delay_s: float = 0.02, slowdown: tuple[int, float] | None = None,
+                 speculation_heldout: float = 1.1):
         self.delay_s = delay_s
         self.calls = 0
+        self.slowdown, self.speculation_heldout = slowdown, speculation_heldout
+        self.specs = []
 
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
         self.calls += 1
+        self.specs.append(spec)
         time.sleep(self.delay_s)
         trial_dir.mkdir(parents=True, exist_ok=True)
         flags, env = spec["flags"], spec["env"]
@@ -25,18 +32,24 @@ class FakeEngine:
                     "timings": {}, "workload": {"name": spec["workload"]}}
         tps = 18.0 * (1.5 if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" else 1.0)
         tps *= 0.8 if flags.get("enforce-eager") else 1.0
-        tps *= 1.1 if "speculative-config" in flags else 1.0
+        heldout = isinstance(spec["workload"], dict) and spec["workload"].get("prompt_split") == "heldout"
+        speculation = self.speculation_heldout if heldout else 1.1
+        tps *= speculation if "speculative-config" in flags else 1.0
         tps *= 1 + 0.005 * (self.calls % 3)          # instance-to-instance noise, about ±0.5%
+        if self.slowdown and self.calls > self.slowdown[0]:
+            tps *= self.slowdown[1]
         ppl = 8.5 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 8.0
         greedy = [list(g) for g in GREEDY]
         if flags.get("block-size") == 128:          # a "lossless" knob that is not: flips one token
             greedy[0][2] += 1
         return {
             "status": "ok", "failure": None, "log_path": str(trial_dir / "server.log"),
+            "bench_heldout": {"tps": round(tps * 0.97, 3)} if spec.get("heldout_bench") else None,
             "workload": {"name": spec["workload"], "hash": "fake", "meter_version": 1},
             "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps, tps * 1.002, tps * 0.998],
                       "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}},
-            "quality": {"ppl": ppl, "greedy": [{"token_ids": g} for g in greedy]},
+            "quality": None if spec.get("quality") == "none" else
+                       {"ppl": ppl, "greedy": [{"token_ids": g} for g in greedy]},
             "metrics": {"kv_cache_usage_max": 0.1}, "timings": {"start_s": 0.01},
             "engine": {"name": "fake", "version": "0"}, "hardware": {"kind": "cpu"},
         }

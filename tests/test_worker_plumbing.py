@@ -7,7 +7,6 @@ The same paths run against real vLLM in test_engine.py.
 import math
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import psutil
