@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent import budget, gitops, ledger as ledgers, model as embedded, paths, space as spaces
+from agent import budget, gitops, ledger as ledgers, model as embedded, paths, recovery, space as spaces
 from agent.gate import GateSettings
 from agent.log import event_logger
 
@@ -61,7 +61,8 @@ def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the fo
 
 @app.command()
 def run(
-    budget_text: str = typer.Option(..., "--budget", help="Wall-clock budget: 24h, 90m, 1h30m."),
+    budget_text: str = typer.Option(None, "--budget", help="Wall-clock budget: 24h, 90m, 1h30m."),
+    resume: str = typer.Option(None, help="Continue an interrupted run, to its original deadline."),
     model: str = typer.Option("embedded", help="Model folder or Hugging Face id; 'embedded' is Gemma 3 270M."),
     space_name: str = typer.Option(None, "--space", help="Space file or shipped name (default: vllm-cpu or vllm-gpu)."),
     workload: str = typer.Option(None, help="Workload profile (default: challenge-cpu or challenge)."),
@@ -93,8 +94,26 @@ def run(
                                           "(repeatable); checked for the target's vocabulary."),
 ) -> None:
     """Measure the defaults, then search until the budget is spent; accepted configs become branches."""
-    from agent.engine import WorkerEngine
-    from agent.loop import BaselineFailed, Settings, run_search
+    options = dict(locals())
+    del options["resume"], options["budget_text"]
+    home = paths.home()
+    ledger = open_ledger()
+    try:
+        with recovery.run_lock(home):
+            if resume:
+                row = _reopen(ledger, resume)
+            else:
+                if not budget_text:
+                    raise fail("--budget is required (or --resume RUN_ID)")
+                row = _new_run(ledger, home, budget_text, **options)
+            _search(ledger, row)
+    except recovery.Busy as e:
+        raise fail(str(e), 1) from None
+
+
+def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, space_name, workload, quality, repo,
+             sampler, draft_model, planner, **settings) -> ledgers.Run:
+    """Check every option, prepare the model, and write the run's row: everything a resume needs is in it."""
     from sandbox.host import engine as engine_info, hardware
     from sandbox.workload import load_quality, load_workload
 
@@ -103,10 +122,7 @@ def run(
     except ValueError as e:
         raise fail(f"--budget: {e}") from None
     gpu = has_gpu()
-    try:
-        space = spaces.load(space_name or ("vllm-gpu" if gpu else "vllm-cpu"))
-    except spaces.SpaceError as e:
-        raise fail(str(e)) from None
+    space = _space(space_name or ("vllm-gpu" if gpu else "vllm-cpu"), [])
     if sampler not in ("tpe", "random"):
         raise fail(f"--sampler: {sampler!r} is not tpe or random")
     workload = workload or ("challenge" if gpu else "challenge-cpu")
@@ -121,7 +137,6 @@ def run(
         raise fail(f"--quality: {e}") from None
     if model != "embedded" and not Path(model).is_dir() and model.count("/") != 1:
         raise fail(f"--model: {model!r} is neither a folder nor a Hugging Face id like org/name")
-    home = paths.home()
     try:
         proposals = gitops.open_repo(repo or home / "proposals", create=repo is None)
     except gitops.RepoError as e:
@@ -136,58 +151,101 @@ def run(
         try:
             for draft in draft_model:
                 drafts.check_vocab(model, draft)
-            space = drafts.add_drafts(space, draft_model)
         except drafts.DraftError as e:
             raise fail(str(e)) from None
-
-    ledger = open_ledger()
+        space = _space(space.path, draft_model)
     now = datetime.now(timezone.utc)
-    run_id = now.strftime("%Y%m%d-%H%M%S")
-    settings = Settings(model=model, workload=workload, quality=quality, baseline_instances=baseline_instances, repeats=repeats,
-                        seed=seed, gate=GateSettings(ppl_tolerance=ppl_tolerance, ppl_max=ppl_max, min_gain=min_gain,
-                                                        heldout_margin=heldout_margin, ttft_p99_ms_max=slo_ttft_p99_ms,
-                                                        itl_p99_ms_max=slo_itl_p99_ms),
-                        drift_every=drift_every, recheck=recheck,
-                        sampler_per_planner=sampler_per_planner, sampler=sampler, max_trials=max_trials,
-                        facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
     engine = engine_info()
-    row = ledger.add(ledgers.Run(
-        id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"), model=model,
-        engine=engine["name"], engine_version=engine["version"], hardware=hardware(), space_path=space.path,
-        space_hash=space.hash, workload=workload, workload_hash=meter.hash, repo=str(proposals.working_dir),
-        settings={"home": str(home), "budget_s": budget_s, "baseline_instances": baseline_instances,
-                  "repeats": repeats, "seed": seed, "ppl_tolerance": ppl_tolerance, "ppl_max": ppl_max,
-                  "min_gain": min_gain, "sampler_per_planner": sampler_per_planner,
-                  "planner": planner or "builtin", "planner_base_url": planner_base_url, "sampler": sampler,
-                  "max_trials": max_trials, "draft_models": draft_model or [], "drift_every": drift_every,
-                  "recheck": recheck, "heldout_margin": heldout_margin, "slo_ttft_p99_ms": slo_ttft_p99_ms,
-                  "slo_itl_p99_ms": slo_itl_p99_ms}))
-    say = event_logger(home / run_id / "events.jsonl", console)
-    chosen = None
-    if planner == "off":
-        from agent.planner import NoPlanner
+    return ledger.add(ledgers.Run(
+        id=now.strftime("%Y%m%d-%H%M%S"), deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
+        model=model, engine=engine["name"], engine_version=engine["version"], hardware=hardware(),
+        space_path=space.path, space_hash=space.hash, workload=workload, workload_hash=meter.hash,
+        repo=str(proposals.working_dir),
+        settings={"home": str(home), "budget_s": budget_s, "budget": budget_text, "quality": quality,
+                  "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
 
-        chosen = NoPlanner()
-    elif planner:
-        from agent.llm_planner import FallbackPlanner, LLMPlanner
 
-        def record(call) -> None:
-            ledger.add(ledgers.PlannerCall(run_id=run_id, **vars(call)))
+def _space(name: str, draft_models: list[str]) -> spaces.Space:
+    try:
+        space = spaces.load(name)
+    except spaces.SpaceError as e:
+        raise fail(str(e)) from None
+    if draft_models:
+        from agent import drafts
 
-        chosen = FallbackPlanner(LLMPlanner(planner, planner_base_url, record=record), say)
-    say("run", id=run_id, budget=budget_text, deadline=row.deadline_at, space=space.path, workload=workload)
+        space = drafts.add_drafts(space, draft_models)
+    return space
+
+
+def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
+    """The interrupted run, repaired: what was in flight is recorded, the study and git agree with the ledger."""
+    row = ledger.run(run_id)
+    if row is None:
+        raise fail(f"--resume: no run {run_id!r} in {ledger.path}")
+    if row.status == "finished":
+        raise fail(f"--resume: run {run_id} already finished at {row.finished_at}")
+    space = _space(row.space_path, row.settings.get("draft_models") or [])
+    if space.hash != row.space_hash:
+        raise fail(f"--resume: {row.space_path} changed since run {run_id} started; a resumed run keeps its space")
+    repo = gitops.open_repo(Path(row.repo))
+    for line in recovery.repair(ledger, row, _storage(), repo):
+        console.print(f"  repaired: {line}", highlight=False)
+    return ledger.update(row, status="running", finished_at=None)
+
+
+def _storage() -> str:
+    return f"sqlite:///{paths.home() / 'optuna.sqlite'}"
+
+
+def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
+    from agent.engine import WorkerEngine
+    from agent.loop import BaselineFailed, Settings, run_search
+    from sandbox.host import hardware
+    from sandbox.workload import load_workload
+
+    o = row.settings
+    meter = load_workload(row.workload)
+    gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
+                        heldout_margin=o["heldout_margin"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
+                        itl_p99_ms_max=o["slo_itl_p99_ms"])
+    settings = Settings(model=row.model, workload=row.workload, quality=o["quality"], gate=gate,
+                        baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
+                        sampler_per_planner=o["sampler_per_planner"], sampler=o["sampler"],
+                        max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"],
+                        facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
+    space = _space(row.space_path, o.get("draft_models") or [])
+    say = event_logger(Path(o["home"]) / row.id / "events.jsonl", console)
+    planner = _planner(o, ledger, row.id, say)
+    say("run", id=row.id, budget=o.get("budget", ""), deadline=row.deadline_at, space=space.path,
+        workload=row.workload)
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
     try:
-        run_search(row, settings, space, ledger, WorkerEngine(), proposals,
-                   f"sqlite:///{home / 'optuna.sqlite'}", say, planner=chosen)
+        run_search(row, settings, space, ledger, WorkerEngine(), gitops.open_repo(Path(row.repo)), _storage(), say,
+                   planner=planner)
     except KeyboardInterrupt:
-        _close_interrupted(ledger, run_id, "stopped")
-        console.print(f"stopped: run {run_id}; the trial in flight was ended and recorded")
+        _close_interrupted(ledger, row.id, "stopped")
+        console.print(f"stopped: run {row.id}; the trial in flight was ended and recorded "
+                      f"(continue with: agent run --resume {row.id})")
         raise typer.Exit(130) from None
     except BaselineFailed as e:
-        _close_interrupted(ledger, run_id, "failed")
+        _close_interrupted(ledger, row.id, "failed")
         raise fail(str(e), 1) from None
-    _summary(ledger, run_id)
+    _summary(ledger, row.id)
+
+
+def _planner(o: dict, ledger: ledgers.Ledger, run_id: str, say):
+    if o["planner"] == "off":
+        from agent.planner import NoPlanner
+
+        return NoPlanner()
+    if o["planner"] == "builtin":
+        return None
+    from agent.llm_planner import FallbackPlanner, LLMPlanner
+
+    def record(call) -> None:
+        ledger.add(ledgers.PlannerCall(run_id=run_id, **vars(call)))
+
+    return FallbackPlanner(LLMPlanner(o["planner"], o.get("planner_base_url"), record=record), say)
 
 
 def _stop_like_ctrl_c(signum, frame) -> None:
@@ -195,14 +253,9 @@ def _stop_like_ctrl_c(signum, frame) -> None:
 
 
 def _close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None:
-    from agent.loop import AWAITING_RECHECK
-
-    for t in ledger.trials(run_id):
-        if t.status == "running":
-            ledger.update(t, status="interrupted", failure_class="interrupted", finished_at=ledgers.utcnow())
-        elif t.gate_reasons == [AWAITING_RECHECK]:
-            ledger.update(t, gate_passed=False, gate_reasons=["interrupted during the held-out re-check: not committed"])
-    ledger.update(ledger.run(run_id), status=status, finished_at=ledgers.utcnow())
+    run_row = ledger.run(run_id)
+    recovery.repair(ledger, run_row, _storage(), gitops.open_repo(Path(run_row.repo)) if run_row.repo else None)
+    ledger.update(run_row, status=status, finished_at=ledgers.utcnow())
 
 
 def _summary(ledger: ledgers.Ledger, run_id: str) -> None:

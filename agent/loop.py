@@ -21,9 +21,9 @@ from agent.budget import seconds_left
 from agent.gate import Baseline, GateSettings, check, heldout_check, slo_excess
 from agent.ledger import Ledger, RangeChange, Repeat, Run, Trial, utcnow
 from agent.planner import BuiltinPlanner, Planner
+from agent.recovery import AWAITING_RECHECK
 from agent.space import Space
 
-AWAITING_RECHECK = "passed on the search prompts; awaiting the held-out re-check"
 # After this many asks in a row that only repeat answered points, the space is spent.
 MAX_REPEATS_IN_A_ROW = 200
 

@@ -37,7 +37,7 @@ def test_baseline_first_then_sampler_trials_until_the_deadline(night):
     assert {t.source for t in trials[2:]} == {"planner", "sampler", "drift"} and len(trials) > 10
     assert run.status == "finished" and run.baseline_tps > 0 and 0 < run.noise < 0.02
     # The fake's trials take milliseconds, so the run ends within a moment of its deadline.
-    assert datetime.fromisoformat(run.finished_at) <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=2)
+    assert datetime.fromisoformat(run.finished_at) <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=5)
 
 
 def test_failures_are_classified_and_fed_back_to_the_sampler(night):

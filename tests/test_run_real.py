@@ -13,7 +13,9 @@ import yaml
 from agent.ledger import Ledger
 
 pytestmark = pytest.mark.engine
-BUDGET_S = 19 * 60  # two baseline instances and one candidate at about 5.5 minutes each, with margin
+# Two baseline instances and one candidate at about 4.5 minutes each, plus the accepted candidate's
+# held-out re-check (about 3.5 minutes: a start and a benchmark), with margin for a slower machine.
+BUDGET_S = 22 * 60
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,11 @@ def test_accepted_branches_hold_the_config_that_was_measured(real_run):
         show = lambda path: subprocess.run(["git", "-C", str(home / "proposals"), "show", f"{t.branch}:{path}"],
                                            capture_output=True, text=True, check=True).stdout
         assert yaml.safe_load(show("serving/config.yaml")) == t.flags
-        assert json.loads(show("serving/results.json"))["tps"] == t.tps
+        results = json.loads(show("serving/results.json"))
+        assert results["tps"] == t.tps
+        # Committed only after a fresh server confirmed the gain on prompts the search never saw.
+        assert t.heldout_ratio is not None and results["heldout_ratio"] == t.heldout_ratio
+        assert t.heldout_ratio >= t.tps_ratio * 0.95
 
 
 def test_cli_reads_back_the_real_run(real_run):

@@ -1,0 +1,140 @@
+"""After a crash: put the ledger, the Optuna study and git back in agreement, and check that they are.
+
+The loop writes in one order (ledger row, worker, ledger figures, branch, ledger branch, study
+tell), so a crash at any point leaves one of a few known states, each repaired here:
+- a trial row still `running`: its server died with the worker; it becomes `interrupted`;
+- an Optuna trial still RUNNING: told FAIL, so the study never waits on it;
+- a config that passed on search prompts but was never re-checked: not committed, and said so;
+- a branch created just before the crash whose row does not name it yet: the row is completed
+  from the commit's trailers (Agent-Run, Agent-Trial), since only the gate creates branches;
+- a ref lock git left under our own prefix: removed (we hold the run lock, so it is stale).
+`problems` is the read-only check behind `agent doctor`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import git
+import optuna
+
+from agent import gitops
+from agent.ledger import Ledger, Run, utcnow
+
+AWAITING_RECHECK = "passed on the search prompts; awaiting the held-out re-check"
+
+
+class Busy(RuntimeError):
+    pass
+
+
+@contextmanager
+def run_lock(home: Path) -> Iterator[None]:
+    """One `agent run` per ledger at a time. The kernel drops the lock when the process dies,
+    so a crashed run never blocks its own resume."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "run.lock"
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise Busy(f"{path} is held by {holder}: one agent run per ledger at a time") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"agent run, pid {os.getpid()}")
+        handle.flush()
+        yield
+
+
+def _study(run: Run, storage: str) -> optuna.Study | None:
+    try:
+        return optuna.load_study(study_name=run.id, storage=storage)
+    except KeyError:
+        return None
+
+
+def _our_branches(repo: git.Repo | None, run: Run) -> dict[int, str]:
+    if repo is None:
+        return {}
+    prefix = f"{gitops.PREFIX}{run.id}/"
+    return {int(b[len(prefix):]): repo.heads[b].commit.hexsha for b in gitops.branches(repo)
+            if b.startswith(prefix) and b[len(prefix):].isdigit()}
+
+
+def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> list[str]:
+    """Bring a crashed run back to a consistent state; returns what was done, one line each."""
+    done = []
+    for t in ledger.trials(run.id):
+        if t.status == "running":
+            ledger.update(t, status="interrupted", failure_class="interrupted", finished_at=utcnow(),
+                          failure_message="the agent stopped while this trial was in flight")
+            done.append(f"trial {t.number}: in flight at the crash, recorded as interrupted")
+        elif t.gate_reasons == [AWAITING_RECHECK] and not t.branch:
+            ledger.update(t, gate_passed=False,
+                          gate_reasons=["interrupted during the held-out re-check: not committed"])
+            done.append(f"trial {t.number}: stopped before its held-out re-check, not committed")
+    study = _study(run, storage)
+    if study is not None:
+        for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study.tell(ft.number, state=optuna.trial.TrialState.FAIL)
+            done.append(f"optuna trial {ft.number}: running at the crash, told FAIL")
+    if repo is not None:
+        refs = Path(repo.git_dir) / "refs" / "heads" / "agent" / run.id
+        for lock in sorted(refs.glob("*.lock")) if refs.is_dir() else []:
+            lock.unlink()
+            done.append(f"removed the stale ref lock {lock.name} git left under our prefix")
+        rows = {t.number: t for t in ledger.trials(run.id)}
+        for number, sha in _our_branches(repo, run).items():
+            row = rows.get(number)
+            if row is not None and row.branch is None and f"Agent-Trial: {number}" in repo.commit(sha).message:
+                ledger.update(row, branch=f"{gitops.PREFIX}{run.id}/{number}", commit=sha)
+                done.append(f"trial {number}: branch created just before the crash, recorded in the ledger")
+    return done
+
+
+def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> list[str]:
+    """Every disagreement between the ledger, the study and git for one run (empty: consistent)."""
+    out = []
+    trials = ledger.trials(run.id)
+    if run.status != "running":
+        out += [f"trial {t.number}: still 'running' in a run that is {run.status}" for t in trials
+                if t.status == "running"]
+    numbers = [t.number for t in trials]
+    if len(numbers) != len(set(numbers)):
+        out.append("trial numbers repeat")
+    study = _study(run, storage)
+    candidates = [t for t in trials if t.optuna_number is not None]
+    if study is not None:
+        told = {ft.number: ft for ft in study.get_trials(deepcopy=False)}
+        seen = set()
+        for t in candidates:
+            ft = told.get(t.optuna_number)
+            if ft is None:
+                out.append(f"trial {t.number}: Optuna trial {t.optuna_number} is not in the study")
+            elif t.optuna_number in seen:
+                out.append(f"trial {t.number}: Optuna trial {t.optuna_number} is counted twice")
+            elif t.status in ("ok", "failed", "skipped") and ft.state != optuna.trial.TrialState.COMPLETE:
+                out.append(f"trial {t.number}: finished in the ledger but {ft.state.name} in the study")
+            seen.add(t.optuna_number)
+        if run.status != "running":
+            out += [f"optuna trial {ft.number}: still RUNNING" for ft in told.values()
+                    if ft.state == optuna.trial.TrialState.RUNNING]
+    elif candidates:
+        out.append(f"the study {run.id} is missing while the ledger has {len(candidates)} candidate trials")
+    branches = _our_branches(repo, run)
+    for t in trials:
+        if t.branch and branches.get(t.number) != t.commit:
+            out.append(f"trial {t.number}: the ledger names {t.branch} at {(t.commit or '')[:10]}, git has "
+                       f"{(branches.get(t.number) or 'no such branch')[:10]}")
+        if t.branch and not t.gate_passed:
+            out.append(f"trial {t.number}: has a branch but did not pass the gate")
+    rows = {t.number: t for t in trials}
+    out += [f"branch {gitops.PREFIX}{run.id}/{n}: no ledger row names it" for n in branches
+            if n not in rows or rows[n].branch is None]
+    return out
