@@ -310,6 +310,34 @@ def verify(
         raise typer.Exit(1)
 
 
+@app.command()
+def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest).")) -> None:
+    """Check that the ledger, the Optuna study and the branches agree, and that no trial process is left."""
+    ledger = open_ledger()
+    runs = ledger.runs()
+    row = ledger.run(run_id) if run_id else (runs[0] if runs else None)
+    if row is None:
+        raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
+    try:
+        repo = gitops.open_repo(Path(row.repo)) if row.repo else None
+    except gitops.RepoError as e:
+        raise fail(f"run {row.id}: {e}", 1) from None
+    found = recovery.problems(ledger, row, _storage(), repo)
+    try:
+        with recovery.run_lock(paths.home()):  # only when no run is going can a trial process be a stray
+            found += recovery.stray_servers(Path(row.settings.get("home") or paths.home()) / row.id)
+    except recovery.Busy as e:
+        out.print(f"  a run is in progress ({e}); trial processes not checked", highlight=False)
+    trials = ledger.trials(row.id)
+    out.print(f"run {row.id} ({row.status}): {len(trials)} trials, {sum(1 for t in trials if t.branch)} branches",
+              highlight=False)
+    for line in found:
+        out.print(f"  problem: {line}", highlight=False)
+    if found:
+        raise typer.Exit(1)
+    out.print("  consistent: ledger, study and branches agree; no trial process left")
+
+
 @ledger_app.callback(invoke_without_command=True)
 def ledger_list(
     ctx: typer.Context,

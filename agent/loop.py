@@ -257,8 +257,9 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
     heldout = [r.heldout_tps for r in rows if r.heldout_tps]
     base = Baseline(tps=tps, ppl=ppl, greedy=greedy, noise=noise,
                     heldout_tps=statistics.median(heldout) if heldout else None)
-    checks = [t for t in ledger.trials(run.id) if t.source == "drift" and t.status == "ok"]
-    return replace(base, drift=checks[-1].drift) if checks else base  # a resumed run keeps its drift
+    # A resumed run keeps its drift (a check killed before its factor was written does not count).
+    checks = [t for t in ledger.trials(run.id) if t.source == "drift" and t.drift is not None]
+    return replace(base, drift=checks[-1].drift) if checks else base
 
 
 def run_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, say: Callable,

@@ -81,9 +81,20 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
             done.append(f"trial {t.number}: stopped before its held-out re-check, not committed")
     study = _study(run, storage)
     if study is not None:
+        finished = {t.optuna_number: t for t in ledger.trials(run.id)
+                    if t.optuna_number is not None and t.status in ("ok", "failed", "skipped")}
         for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            study.tell(ft.number, state=optuna.trial.TrialState.FAIL)
-            done.append(f"optuna trial {ft.number}: running at the crash, told FAIL")
+            row = finished.get(ft.number)
+            if row is None:
+                study.tell(ft.number, state=optuna.trial.TrialState.FAIL)
+                done.append(f"optuna trial {ft.number}: running at the crash, told FAIL")
+                continue
+            # Killed after the ledger row was finished but before the tell: tell what the row says.
+            quality_refused = any(w in r for r in row.gate_reasons or [] for w in ("perplexity", "lossless", "SLO"))
+            infeasible = row.status != "ok" or quality_refused
+            study._storage.set_trial_user_attr(ft._trial_id, "constraint", [1.0 if infeasible else 0.0])
+            study.tell(ft.number, (row.tps_ratio or 0.0) if row.status == "ok" else 0.0)
+            done.append(f"optuna trial {ft.number}: finished in the ledger (trial {row.number}), told its result")
     if repo is not None:
         refs = Path(repo.git_dir) / "refs" / "heads" / "agent" / run.id
         for lock in sorted(refs.glob("*.lock")) if refs.is_dir() else []:
@@ -137,4 +148,22 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
     rows = {t.number: t for t in trials}
     out += [f"branch {gitops.PREFIX}{run.id}/{n}: no ledger row names it" for n in branches
             if n not in rows or rows[n].branch is None]
+    return out
+
+
+def stray_servers(run_dir: Path) -> list[str]:
+    """Servers of this run's trials (pids from their progress files) that outlived them: a trial's
+    server carries AGENT_TRIAL_TOKEN, so a reused pid is not mistaken for one."""
+    import json
+
+    import psutil
+
+    out = []
+    for progress in sorted(run_dir.glob("trial-*/progress.json")):
+        try:
+            pid = json.loads(progress.read_text()).get("server_pid")
+            if pid and "AGENT_TRIAL_TOKEN" in psutil.Process(pid).environ():
+                out.append(f"process {pid} of {progress.parent.name} is still running")
+        except (ValueError, OSError, psutil.Error):
+            continue
     return out

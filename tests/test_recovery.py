@@ -1,0 +1,141 @@
+"""Crash consistency: the agent SIGKILLed at random moments, resumed, and found consistent.
+
+The agent here is the real loop, ledger, study and git in a child process (tests/crash_run.py)
+with the deterministic engine at the worker seam, so a kill can land anywhere: inside SQLite
+writes, between a branch and its ledger row, between a ledger row and Optuna's tell.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from agent import gitops, recovery
+from agent.ledger import Ledger, Run, Trial
+
+HERE = Path(__file__).parent
+
+
+def start(home, run_id, seconds):
+    return subprocess.Popen([sys.executable, str(HERE / "crash_run.py"), str(home), run_id, str(seconds)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_sigkill_twice_then_resume_ends_on_the_deadline_consistent(tmp_path, seed):
+    rng = random.Random(seed)
+    proc = start(tmp_path, "crash", 30)
+    for _ in range(2):
+        time.sleep(rng.uniform(3.0, 8.0))   # past the baseline: kills land among candidate trials
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc = start(tmp_path, "crash", 30)   # the same command resumes the run it finds
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    run = ledger.run("crash")
+    repo = gitops.open_repo(tmp_path / "proposals")
+    storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
+    assert recovery.problems(ledger, run, storage, repo) == []
+    assert run.status == "finished"
+    assert datetime.fromisoformat(run.finished_at) <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=5)
+    trials = ledger.trials("crash")
+    assert [t.number for t in trials] == list(range(len(trials)))   # none lost, none counted twice
+    assert sum(t.source == "baseline" for t in trials) == 2         # the baseline is not measured again
+    assert all(t.status in ("ok", "failed", "skipped", "interrupted") for t in trials)
+    assert sorted(t.branch for t in trials if t.branch) == gitops.branches(repo)
+
+
+def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    repo = gitops.open_repo(tmp_path / "proposals", create=True)
+    storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
+    run = ledger.add(Run(id="r", deadline_at="2100-01-01T00:00:00+00:00", model="m", space_path="s",
+                         space_hash="h", workload="smoke", repo=str(repo.working_dir), settings={}))
+    study = optuna.create_study(study_name="r", storage=storage, direction="maximize")
+    in_flight = study.ask()
+    ledger.add(Trial(run_id="r", number=0, source="sampler", optuna_number=in_flight.number, status="running"))
+    # A branch created just before the crash, its row not yet naming it.
+    done = study.ask()
+    ledger.add(Trial(run_id="r", number=1, source="sampler", optuna_number=done.number, status="ok", tps=2.0,
+                     gate_passed=True, tps_ratio=2.0))
+    sha = gitops.propose(repo, "agent/r/1", {"a.txt": ("x", False)}, "trial 1\n\nAgent-Run: r\nAgent-Trial: 1\n")
+    # A config that passed on search prompts and was killed during its re-check.
+    ledger.add(Trial(run_id="r", number=2, source="planner", status="ok", gate_passed=None,
+                     gate_reasons=[recovery.AWAITING_RECHECK]))
+    # A ref lock git left when it was killed under our prefix.
+    lock = Path(repo.git_dir) / "refs" / "heads" / "agent" / "r" / "3.lock"
+    lock.write_text("")
+    ledger.update(run, status="stopped")
+    before = recovery.problems(ledger, ledger.run("r"), storage, repo)
+    assert any("still 'running'" in p for p in before) and any("no ledger row names it" in p for p in before)
+
+    fixed = recovery.repair(ledger, ledger.run("r"), storage, repo)
+    assert len(fixed) == 6 and not lock.exists()
+    rows = {t.number: t for t in ledger.trials("r")}
+    assert rows[0].status == "interrupted" and rows[1].branch == "agent/r/1" and rows[1].commit == sha
+    assert rows[2].gate_passed is False and "not committed" in rows[2].gate_reasons[0]
+    told = {t.number: t for t in study.get_trials()}
+    assert told[in_flight.number].state == optuna.trial.TrialState.FAIL
+    assert told[done.number].value == 2.0 and told[done.number].user_attrs["constraint"] == [0.0]
+    assert recovery.problems(ledger, ledger.run("r"), storage, repo) == []
+
+
+def test_a_second_run_on_the_same_ledger_is_refused_at_once(tmp_path, monkeypatch):
+    from agent.cli import app
+
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    with recovery.run_lock(tmp_path):
+        result = CliRunner().invoke(app, ["run", "--budget", "1m"])
+    assert result.exit_code == 1 and "one agent run per ledger" in result.stderr
+    assert "pid" in result.stderr
+    assert not (tmp_path / "ledger.sqlite").exists() or Ledger(tmp_path / "ledger.sqlite").runs() == []
+
+
+def test_resume_refuses_unknown_and_finished_runs_and_doctor_reports(tmp_path, monkeypatch):
+    from agent.cli import app
+
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", "--resume", "nope"])
+    assert result.exit_code == 2 and "no run 'nope'" in result.stderr
+    proc = start(tmp_path, "done", 6)
+    assert proc.wait(timeout=120) == 0
+    result = runner.invoke(app, ["run", "--resume", "done"])
+    assert result.exit_code == 2 and "already finished" in result.stderr
+    result = runner.invoke(app, ["doctor", "--run", "done"])
+    assert result.exit_code == 0 and "consistent" in result.stdout
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    accepted = next(t for t in ledger.trials("done") if t.branch)
+    ledger.update(accepted, commit="0" * 40)   # the ledger and git disagree
+    result = runner.invoke(app, ["doctor", "--run", "done"])
+    assert result.exit_code == 1 and f"trial {accepted.number}: the ledger names" in result.stdout
+
+
+def test_doctor_finds_a_trial_server_that_outlived_its_trial(tmp_path, monkeypatch):
+    import json
+
+    from agent.cli import app
+
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    proc = start(tmp_path, "s", 4)
+    assert proc.wait(timeout=120) == 0
+    stray = subprocess.Popen(["sleep", "60"], env={"AGENT_TRIAL_TOKEN": "t", "PATH": os.environ["PATH"]},
+                             start_new_session=True)
+    try:
+        (tmp_path / "s" / "trial-000").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "s" / "trial-000" / "progress.json").write_text(json.dumps({"server_pid": stray.pid}))
+        result = CliRunner().invoke(app, ["doctor", "--run", "s"])
+        assert result.exit_code == 1 and f"process {stray.pid} of trial-000 is still running" in result.stdout
+    finally:
+        stray.kill()
+        stray.wait()
+    assert CliRunner().invoke(app, ["doctor", "--run", "s"]).exit_code == 0
