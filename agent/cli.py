@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from sqlalchemy.exc import OperationalError
 from rich.table import Table
 
 from agent import budget, gitops, ledger as ledgers, model as embedded, paths, recovery, space as spaces
@@ -230,6 +231,9 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     except BaselineFailed as e:
         _close_interrupted(ledger, row.id, "failed")
         raise fail(str(e), 1) from None
+    except OperationalError as e:  # SQLite's transactions leave the file consistent; only this run stops
+        raise fail(f"the ledger {ledger.path} could not be written ({e.orig}); the run stopped. Free the disk, "
+                   f"then: agent run --resume {row.id}", 1) from None
     _summary(ledger, row.id)
 
 

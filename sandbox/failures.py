@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 CLASSES = ("invalid_config", "oom", "start_timeout", "crashed", "request_errors", "bad_output",
-           "unclean_teardown", "interrupted", "worker_error")
+           "unclean_teardown", "interrupted", "worker_error", "port_in_use")
 TAIL_LINES = 40
 
 # Ordered: the first class whose pattern matches wins. Memory first, because an allocation

@@ -90,6 +90,8 @@ class Server:
         self.model_name: str | None = None
 
     def start(self) -> None:
+        if not port_is_free(self.port):
+            raise TrialFailure("port_in_use", f"port {self.port} is already in use by another process")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -115,6 +117,9 @@ class Server:
                 self.fail_if_dead("start")
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
+                        if not self._owns_port():  # someone took the port first: never measure them
+                            raise TrialFailure("port_in_use", f"port {self.port} answers, but not from this "
+                                               "trial's server (another process took it)")
                         models = client.get(f"{self.base_url}/v1/models").json()["data"]
                         self.model_name = models[0]["id"]
                         return
@@ -123,6 +128,16 @@ class Server:
                 time.sleep(POLL_S)
         raise TrialFailure("start_timeout", f"server not ready after {deadline_s:.0f} s",
                            log_tail(self.log_path.read_text(errors="replace")))
+
+    def _owns_port(self) -> bool:
+        for p in self._our_processes():
+            try:
+                if any(c.laddr and c.laddr.port == self.port and c.status == psutil.CONN_LISTEN
+                       for c in p.net_connections(kind="inet")):
+                    return True
+            except (psutil.AccessDenied, psutil.NoSuchProcess):
+                continue
+        return False
 
     def _our_processes(self) -> list[psutil.Process]:
         """Every live process of this trial: the group's members and anything with our marker."""

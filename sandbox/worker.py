@@ -77,7 +77,7 @@ async def _measure(server: Server, workload, timeout_s: float) -> tuple[bench.Be
 
 
 def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = None,
-              launcher: tuple[str, ...] = VLLM_LAUNCHER) -> dict:
+              launcher: tuple[str, ...] = VLLM_LAUNCHER, port: int | None = None) -> dict:
     """Run every phase of one trial; never raises for a trial failure, always tears down.
 
     progress, when given, is rewritten with the phase in flight and the server's pid, for the
@@ -104,7 +104,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
         "log_path": str(log_path),
     }
     args = spec.server_args() + (["--trust-remote-code"] if spec.trust_remote_code else [])
-    server = Server(spec.model, args, spec.env, log_path, launcher=launcher)
+    server = Server(spec.model, args, spec.env, log_path, port=port, launcher=launcher)
     result["argv"] = server.argv[1:]
     result["port"] = server.port
     timings = result["timings"]

@@ -139,3 +139,48 @@ def test_doctor_finds_a_trial_server_that_outlived_its_trial(tmp_path, monkeypat
         stray.kill()
         stray.wait()
     assert CliRunner().invoke(app, ["doctor", "--run", "s"]).exit_code == 0
+
+
+class DiskFullLedger(Ledger):
+    """Every write after the n-th fails as SQLite does when the disk is full."""
+
+    def __init__(self, path, n):
+        super().__init__(path)
+        self.writes, self.n = 0, n
+
+    def update(self, row, **values):
+        import sqlite3
+
+        from sqlalchemy.exc import OperationalError
+
+        self.writes += 1
+        if self.writes > self.n:
+            raise OperationalError("UPDATE trials", {}, sqlite3.OperationalError("database or disk is full"))
+        return super().update(row, **values)
+
+
+def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent(tmp_path):
+    from datetime import timezone
+
+    from sqlalchemy.exc import OperationalError
+
+    from agent import space as spaces
+    from agent.loop import Settings, run_search
+    from fake_engine import FakeEngine
+
+    space = spaces.load("vllm-cpu")
+    repo = gitops.open_repo(tmp_path / "p", create=True)
+    storage = f"sqlite:///{tmp_path / 'o.sqlite'}"
+    full = DiskFullLedger(tmp_path / "ledger.sqlite", n=14)
+    deadline = (datetime.now(timezone.utc) + timedelta(seconds=6)).isoformat()
+    run = full.add(Run(id="d", deadline_at=deadline, model="m", space_path=space.path, space_hash=space.hash,
+                       workload="smoke", repo=str(repo.working_dir), settings={"home": str(tmp_path)}))
+    settings = Settings(model="m", workload="smoke", facts={"cpus": 2, "concurrency": 1})
+    with pytest.raises(OperationalError, match="disk is full"):
+        run_search(run, settings, space, full, FakeEngine(), repo, storage)
+    ledger = Ledger(tmp_path / "ledger.sqlite")   # space freed: the same file, written normally again
+    recovery.repair(ledger, ledger.run("d"), storage, repo)
+    run_search(ledger.run("d"), settings, space, ledger, FakeEngine(), repo, storage)
+    assert recovery.problems(ledger, ledger.run("d"), storage, repo) == []
+    trials = ledger.trials("d")
+    assert [t.number for t in trials] == list(range(len(trials))) and len(trials) > 4

@@ -119,3 +119,44 @@ def test_worker_cli_refuses_a_bad_spec_with_one_line_and_exit_2(tmp_path):
     assert "LD_PRELOAD" in proc.stderr and str(bad) in proc.stderr
     assert '"invalid_config"' in out.read_text()
 
+
+
+def test_a_port_already_taken_is_refused_before_the_server_starts(tmp_path, fake_mode):
+    import socket
+
+    fake_mode("ok")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30}})
+        result = run_trial(spec, tmp_path / "server.log", launcher=FAKE, port=port)
+    assert result["status"] == "failed" and result["failure"]["class"] == "port_in_use"
+    assert str(port) in result["failure"]["message"] and result["cleanup"]["leftover_pids"] == []
+
+
+def test_a_port_taken_after_the_check_by_another_server_is_never_measured(tmp_path, fake_mode, monkeypatch):
+    """Another process answers /health on our port before our server binds it: the worker must notice."""
+    import subprocess
+
+    import httpx
+
+    fake_mode("hang")   # our server is alive but never binds: only the other process can answer
+    port = server_mod.free_port()
+    other = subprocess.Popen([sys.executable, *FAKE, "--port", str(port)], stdout=subprocess.DEVNULL,
+                             env={**__import__("os").environ, "FAKE_MODE": "ok"})
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        monkeypatch.setattr(server_mod, "port_is_free", lambda p: True)   # lose the race on purpose
+        spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30}})
+        result = run_trial(spec, tmp_path / "server.log", launcher=FAKE, port=port)
+    finally:
+        other.kill()
+        other.wait()
+    assert result["status"] == "failed" and result["failure"]["class"] == "port_in_use"
+    assert result["bench"] is None   # nothing was measured against the other process
