@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import yaml
 
 TEARDOWN_GRACE_S = 90.0
@@ -65,7 +66,9 @@ class WorkerEngine:
             result = json.loads(out.read_text())
         except (OSError, ValueError):
             tail = (trial_dir / "worker.log").read_text(errors="replace")[-2000:] if (trial_dir / "worker.log").exists() else ""
-            result = _failed("worker_error", f"the worker wrote no result (exit {proc.returncode})")
+            killed = reap(progress)  # the worker died without its teardown: its server may still run
+            result = _failed("worker_error", f"the worker wrote no result (exit {proc.returncode})"
+                             + (f"; ended its leftover processes {killed}" if killed else ""))
             result["failure"]["log_tail"] = tail
         if interrupted:
             raise interrupted
@@ -91,6 +94,27 @@ class WorkerEngine:
             except (ProcessLookupError, PermissionError):
                 pass
         proc.wait()
+
+
+def reap(progress: Path) -> list[int]:
+    """End every process of a trial whose worker is gone without tearing down: the worker (its
+    command line names this progress file) and everything carrying the trial's marker (the server
+    and all its children, wherever they moved). Pids alone are never trusted: they get reused."""
+    token = _read(progress).get("token")
+    victims = []
+    for p in psutil.process_iter():
+        try:
+            if (token and p.environ().get("AGENT_TRIAL_TOKEN") == token) or str(progress) in p.cmdline():
+                victims.append(p)
+        except (psutil.Error, OSError):
+            continue
+    for p in victims:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=10)
+    return sorted(p.pid for p in victims)
 
 
 def _read(progress: Path) -> dict:

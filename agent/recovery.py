@@ -23,6 +23,7 @@ import git
 import optuna
 
 from agent import gitops
+from agent.engine import reap
 from agent.ledger import Ledger, Run, utcnow
 
 AWAITING_RECHECK = "passed on the search prompts; awaiting the held-out re-check"
@@ -70,6 +71,11 @@ def _our_branches(repo: git.Repo | None, run: Run) -> dict[int, str]:
 def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> list[str]:
     """Bring a crashed run back to a consistent state; returns what was done, one line each."""
     done = []
+    home = run.settings.get("home") if run.settings else None
+    for progress in sorted((Path(home) / run.id).glob("trial-*/progress.json")) if home else []:
+        # The worker runs in its own session, so it and its server outlive a SIGKILLed agent.
+        if killed := reap(progress):
+            done.append(f"{progress.parent.name}: ended processes {killed} left running by the crash")
     for t in ledger.trials(run.id):
         if t.status == "running":
             ledger.update(t, status="interrupted", failure_class="interrupted", finished_at=utcnow(),
@@ -152,8 +158,7 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
 
 
 def stray_servers(run_dir: Path) -> list[str]:
-    """Servers of this run's trials (pids from their progress files) that outlived them: a trial's
-    server carries AGENT_TRIAL_TOKEN, so a reused pid is not mistaken for one."""
+    """Processes of this run's trials (the worker, or anything with the trial's marker) still alive."""
     import json
 
     import psutil
@@ -161,9 +166,13 @@ def stray_servers(run_dir: Path) -> list[str]:
     out = []
     for progress in sorted(run_dir.glob("trial-*/progress.json")):
         try:
-            pid = json.loads(progress.read_text()).get("server_pid")
-            if pid and "AGENT_TRIAL_TOKEN" in psutil.Process(pid).environ():
-                out.append(f"process {pid} of {progress.parent.name} is still running")
-        except (ValueError, OSError, psutil.Error):
+            token = json.loads(progress.read_text()).get("token")
+        except (ValueError, OSError):
             continue
+        for p in psutil.process_iter():
+            try:
+                if (token and p.environ().get("AGENT_TRIAL_TOKEN") == token) or str(progress) in p.cmdline():
+                    out.append(f"process {p.pid} of {progress.parent.name} is still running")
+            except (psutil.Error, OSError):
+                continue
     return out

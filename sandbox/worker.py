@@ -122,7 +122,9 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
         phase = name
         if progress:
             pid = server.proc.pid if server.proc else None
-            write_json(progress, {"phase": name, "server_pid": pid, "port": server.port, "log": str(log_path)})
+            # Enough for the agent to end this trial's processes if this worker dies without tearing down.
+            write_json(progress, {"phase": name, "server_pid": pid, "port": server.port, "log": str(log_path),
+                                  "worker_pid": os.getpid(), "token": server.token})
 
     try:
         server.start()

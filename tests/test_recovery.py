@@ -128,11 +128,12 @@ def test_doctor_finds_a_trial_server_that_outlived_its_trial(tmp_path, monkeypat
     monkeypatch.setenv("AGENT_HOME", str(tmp_path))
     proc = start(tmp_path, "s", 4)
     assert proc.wait(timeout=120) == 0
-    stray = subprocess.Popen(["sleep", "60"], env={"AGENT_TRIAL_TOKEN": "t", "PATH": os.environ["PATH"]},
+    stray = subprocess.Popen(["sleep", "60"], env={"AGENT_TRIAL_TOKEN": "t0k", "PATH": os.environ["PATH"]},
                              start_new_session=True)
     try:
         (tmp_path / "s" / "trial-000").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "s" / "trial-000" / "progress.json").write_text(json.dumps({"server_pid": stray.pid}))
+        (tmp_path / "s" / "trial-000" / "progress.json").write_text(json.dumps({"server_pid": stray.pid,
+                                                                                "token": "t0k"}))
         result = CliRunner().invoke(app, ["doctor", "--run", "s"])
         assert result.exit_code == 1 and f"process {stray.pid} of trial-000 is still running" in result.stdout
     finally:

@@ -160,3 +160,37 @@ def test_a_port_taken_after_the_check_by_another_server_is_never_measured(tmp_pa
         other.wait()
     assert result["status"] == "failed" and result["failure"]["class"] == "port_in_use"
     assert result["bench"] is None   # nothing was measured against the other process
+
+
+def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake_mode):
+    """SIGKILL skips the worker's teardown; the agent ends the orphaned server from the progress file."""
+    import json
+    import os
+    import signal
+    import subprocess
+
+    from agent.engine import reap
+
+    fake_mode("ok")
+    progress = tmp_path / "progress.json"
+    code = ("import sys; from pathlib import Path; from sandbox import spec; from sandbox.worker import run_trial; "
+            "s = spec.from_dict({'model': 'fake', 'workload': {'name': 'long', 'meter_version': 1, "
+            "'concurrency': 1, 'num_prompts': 400, 'max_tokens': 64, 'ignore_eos': True, 'temperature': 0.0, "
+            "'warmup_requests': 0, 'prompt_split': 'search'}}); "
+            f"run_trial(s, Path({str(tmp_path / 'server.log')!r}), Path({str(progress)!r}), "
+            f"launcher=({FAKE[0]!r},))")
+    worker = subprocess.Popen([sys.executable, "-c", code, "--progress", str(progress)], start_new_session=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    for _ in range(300):
+        if progress.exists() and json.loads(progress.read_text()).get("phase") == "benchmark":
+            break
+        time.sleep(0.1)
+    info = json.loads(progress.read_text())
+    assert info["phase"] == "benchmark"
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    assert psutil.pid_exists(info["server_pid"])   # the orphan: still serving after its worker died
+    killed = reap(progress)
+    assert info["server_pid"] in killed
+    assert not psutil.pid_exists(info["server_pid"]) or psutil.Process(info["server_pid"]).status() == "zombie"
+    assert server_mod.port_is_free(info["port"])
