@@ -67,3 +67,26 @@ def test_not_a_repository_and_created_repository(tmp_path):
         gitops.open_repo(tmp_path)
     repo = gitops.open_repo(tmp_path / "new", create=True)
     assert repo.head.commit.message.startswith("Start the repository")
+
+
+def test_mid_merge_with_signing_required_and_a_stale_index_lock(user_repo):
+    """The user's repository in the middle of a conflicted merge, with commit signing on (and no
+    key) and an index.lock left by a crashed git: a proposal still lands, and none of it moves."""
+    git(user_repo, "stash", "-q")
+    git(user_repo, "checkout", "-q", "-b", "other")
+    (user_repo / "app.py").write_text("print('other')\n")
+    git(user_repo, "commit", "-qam", "other")
+    git(user_repo, "checkout", "-q", "main")
+    (user_repo / "app.py").write_text("print('main')\n")
+    git(user_repo, "commit", "-qam", "main")
+    subprocess.run(["git", "-C", str(user_repo), "merge", "other"], capture_output=True)   # conflicts
+    assert (user_repo / ".git" / "MERGE_HEAD").exists()
+    git(user_repo, "config", "commit.gpgsign", "true")
+    git(user_repo, "config", "user.signingkey", "NO-SUCH-KEY")
+    (user_repo / ".git" / "index.lock").write_text("")
+    before = ((user_repo / "app.py").read_text(), git(user_repo, "rev-parse", "HEAD"))
+    repo = gitops.open_repo(user_repo)
+    sha = gitops.propose(repo, "agent/r3/1", {"serving/config.yaml": ("a: 1\n", False)}, "trial 1")
+    assert git(user_repo, "rev-parse", "agent/r3/1").strip() == sha
+    assert ((user_repo / "app.py").read_text(), git(user_repo, "rev-parse", "HEAD")) == before
+    assert (user_repo / ".git" / "MERGE_HEAD").exists() and (user_repo / ".git" / "index.lock").exists()
