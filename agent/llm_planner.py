@@ -17,13 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.ledger import Run, Trial
-from agent.planner import BuiltinPlanner, Planner, Proposal
+from agent.planner import BuiltinPlanner, Narrowing, Planner, Proposal
 from agent.space import Space
 
 MAX_TEXT = 300
 FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 SYSTEM = ("You tune vLLM serving configurations. Reply with JSON only, exactly "
-          '{"proposals": [{"params": {<knob>: <value>}, "rationale": "<one line>", "expected": "<one line>"}]}. '
+          '{"proposals": [{"params": {<knob>: <value>}, "rationale": "<one line>", "expected": "<one line>"}]}, '
+          'optionally with "narrow": [{"knob": <numeric knob>, "low": <n>, "high": <n>, "rationale": "<one line>"}] '
+          "to keep the sampler to a range the history shows is worth searching. "
           "Use only knobs and values from the space. Knobs you leave out stay at engine defaults.")
 
 
@@ -55,13 +57,42 @@ def _clean_text(value, name: str) -> str:
 
 def parse(text: str, space: Space, k: int) -> tuple[list[Proposal], list[str]]:
     """Proposals that are valid points of the space, and why each other part was rejected."""
+    proposals, _, rejected = parse_plan(text, space, k)
+    return proposals, rejected
+
+
+def parse_narrowings(data: dict, space: Space) -> tuple[list[Narrowing], list[str]]:
+    out, rejected = [], []
+    items = data.get("narrow", [])
+    if not isinstance(items, list):
+        return [], ["narrow is not a list"]
+    for i, item in enumerate(items[:8]):
+        try:
+            if not isinstance(item, dict) or set(item) != {"knob", "low", "high", "rationale"}:
+                raise ValueError("needs knob, low, high and rationale, and nothing else")
+            knob = space.knobs.get(item["knob"]) if isinstance(item["knob"], str) else None
+            if knob is None or knob.type not in ("int", "float"):
+                raise ValueError(f"{item['knob']!r} is not a numeric knob of the space")
+            for key in ("low", "high"):
+                if (why := knob.check(item[key])) is not None:
+                    raise ValueError(f"{key}: {why}")
+            space.narrowed(knob.name, item["low"], item["high"])   # raises when the range is empty or outside
+            out.append(Narrowing(knob.name, item["low"], item["high"], _clean_text(item["rationale"], "rationale")))
+        except ValueError as e:
+            rejected.append(f"narrow {i}: {str(e)[:300]}")
+    return out, rejected
+
+
+def parse_plan(text: str, space: Space, k: int) -> tuple[list[Proposal], list[Narrowing], list[str]]:
     try:
         data = json.loads(FENCE.sub("", text.strip()))
     except (ValueError, TypeError):
-        return [], [f"reply is not JSON: {text[:120]!r}"]
-    if not isinstance(data, dict) or set(data) != {"proposals"} or not isinstance(data["proposals"], list):
-        return [], ["reply is not an object with exactly one key, 'proposals', holding a list"]
-    out, rejected = [], []
+        return [], [], [f"reply is not JSON: {text[:120]!r}"]
+    if (not isinstance(data, dict) or "proposals" not in data or set(data) - {"proposals", "narrow"}
+            or not isinstance(data["proposals"], list)):
+        return [], [], ["reply is not an object with a 'proposals' list (and optionally 'narrow'), nothing else"]
+    narrowings, rejected = parse_narrowings(data, space)
+    out = []
     for i, item in enumerate(data["proposals"][:k]):
         try:
             if not isinstance(item, dict) or set(item) - {"params", "rationale", "expected"} or "params" not in item:
@@ -75,7 +106,7 @@ def parse(text: str, space: Space, k: int) -> tuple[list[Proposal], list[str]]:
                                 _clean_text(item.get("expected", ""), "expected")))
         except ValueError as e:
             rejected.append(f"proposal {i}: {str(e)[:300]}")
-    return out, rejected
+    return out, narrowings, rejected
 
 
 def history_table(history: list[Trial]) -> str:
@@ -107,6 +138,7 @@ class LLMPlanner:
         self.name = f"llm:{model}"
         self.model, self.base_url, self.retries, self.timeout_s = model, base_url, retries, timeout_s
         self.completion, self.record, self.sleep = completion, record, sleep
+        self.pending: list[Narrowing] = []
 
     def _complete(self, **kwargs):
         if self.completion is None:
@@ -138,13 +170,19 @@ class LLMPlanner:
                 self.sleep(min(30.0, 2.0 ** attempt))
                 continue
             call.latency_s = round(time.monotonic() - started, 3)
-            proposals, call.rejected = parse(call.response, space, k)
+            proposals, narrowings, call.rejected = parse_plan(call.response, space, k)
             call.accepted = len(proposals)
+            self.pending = narrowings
             self.record(call)
             if proposals:
                 return proposals
             last_error = "; ".join(call.rejected)[:300] or "no proposals"
         raise PlannerUnavailable(f"{self.name}: {last_error}")
+
+    def narrow(self, space: Space, history: list[Trial]) -> list[Narrowing]:
+        """The ranges the last reply asked for (validated with it), once."""
+        out, self.pending = self.pending, []
+        return out
 
 
 class FallbackPlanner:
@@ -165,3 +203,7 @@ class FallbackPlanner:
                 self.say("planner_fallback", planner=self.primary.name, reason=str(e),
                          permanent=self.failures >= self.patience)
         return self.builtin.propose(space, run, history, facts, k)
+
+    def narrow(self, space: Space, history: list[Trial]) -> list[Narrowing]:
+        planner = self.primary if self.failures < self.patience else self.builtin
+        return planner.narrow(space, history)

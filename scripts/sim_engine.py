@@ -42,10 +42,13 @@ class SimulatedEngine:
         repeats = [tps * self.rng.gauss(1.0, self.noise / 3) for _ in range(max(1, spec.get("repeats", 1)))]
         return {
             "status": "ok", "failure": None, "log_path": str(trial_dir / "server.log"),
+            "bench_heldout": {"tps": round(tps * self.rng.gauss(1.0, self.noise / 3), 3)}
+            if spec.get("heldout_bench") else None,
             "workload": {"name": spec["workload"], "hash": "simulated", "meter_version": 1},
             "bench": {"tps": round(sorted(repeats)[len(repeats) // 2], 3), "errors": 0, "repeats_tps": repeats,
                       "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}},
-            "quality": {"ppl": ppl, "greedy": [{"token_ids": g} for g in greedy]},
+            "quality": None if spec.get("quality") == "none" else
+                       {"ppl": ppl, "greedy": [{"token_ids": g} for g in greedy]},
             "metrics": {"kv_cache_usage_max": 0.01, "requests_waiting_max": 0},
             "timings": {"start_s": 0.0}, "engine": {"name": "simulated", "version": "0"}, "hardware": {"kind": "cpu"},
         }

@@ -130,3 +130,21 @@ def test_property_no_reply_reaches_the_engine_except_as_a_valid_point(reply):
 
 def test_call_record_has_no_field_for_credentials():
     assert not any("key" in name or "token" == name for name in vars(Call(model="m", prompt="p")))
+
+
+def test_a_reply_may_narrow_a_numeric_range_and_bad_ranges_are_refused(llm):
+    calls = []
+    reply = {**GOOD, "narrow": [
+        {"knob": "max-num-seqs", "low": 1, "high": 32, "rationale": "one stream: large batches never help"},
+        {"knob": "max-num-seqs", "low": 64, "high": 9999, "rationale": "out of range"},
+        {"knob": "block-size", "low": 1, "high": 2, "rationale": "not numeric"},
+        {"knob": "max-num-batched-tokens", "low": 4000, "high": 300, "rationale": "empty"},
+        {"knob": "max-num-seqs", "low": 1, "high": 8, "rationale": "x", "shell": "$(reboot)"},
+    ]}
+    llm.replies.append((200, json.dumps(reply)))
+    p = planner(llm, calls)
+    p.propose(SPACE, RUN, HISTORY, {"cpus": 2}, k=1)
+    (kept,) = p.narrow(SPACE, HISTORY)
+    assert (kept.knob, kept.low, kept.high) == ("max-num-seqs", 1, 32)
+    assert p.narrow(SPACE, HISTORY) == []   # handed over once
+    assert len(calls[0].rejected) == 4 and all(r.startswith("narrow") for r in calls[0].rejected)
