@@ -200,7 +200,7 @@ def _storage() -> str:
 
 def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     from agent.engine import WorkerEngine
-    from agent.loop import BaselineFailed, Settings, run_search
+    from agent.loop import BaselineFailed, DirtyMachine, Settings, run_search
     from sandbox.host import hardware
     from sandbox.workload import load_workload
 
@@ -231,6 +231,10 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     except BaselineFailed as e:
         _close_interrupted(ledger, row.id, "failed")
         raise fail(str(e), 1) from None
+    except DirtyMachine as e:
+        _close_interrupted(ledger, row.id, "stopped")
+        raise fail(f"{e}. Stopped rather than blame the next config; once `agent doctor --run {row.id}` "
+                   f"finds nothing left: agent run --resume {row.id}", 1) from None
     except OperationalError as e:  # SQLite's transactions leave the file consistent; only this run stops
         raise fail(f"the ledger {ledger.path} could not be written ({e.orig}); the run stopped. Free the disk, "
                    f"then: agent run --resume {row.id}", 1) from None

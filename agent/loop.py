@@ -59,6 +59,11 @@ class BaselineFailed(RuntimeError):
     pass
 
 
+class DirtyMachine(RuntimeError):
+    """A trial left processes, its port or device memory behind: the next trial would measure (or
+    run out of memory) because of it, and blame its own config. The run stops instead."""
+
+
 def say_nothing(event: str, **info) -> None:
     pass
 
@@ -110,6 +115,8 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         seen[key] = (value, constraint)
         trial.set_user_attr("constraint", [constraint])
         study.tell(trial, value)
+        if row.failure_class == "unclean_teardown":
+            raise DirtyMachine(f"trial {row.number} left the machine dirty: {row.failure_message}")
     return ledger.update(run, status="finished", finished_at=utcnow())
 
 

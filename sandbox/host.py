@@ -32,6 +32,35 @@ def gpus() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def gpu_memory_used_mib() -> list[int] | None:
+    """Device memory in use per GPU, through NVML's command-line face; None on hosts without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return [int(float(x)) for x in out.split()]
+    except (subprocess.SubprocessError, OSError, ValueError):
+        return None
+
+
+def wait_device_memory(before: list[int] | None, slack_mib: int = 512, wait_s: float = 30.0,
+                       read=gpu_memory_used_mib, sleep=__import__("time").sleep) -> str | None:
+    """None once every GPU is back within slack of its level before the trial; else what is still held.
+    The driver frees a dead process's memory a moment after it exits, hence the wait."""
+    if before is None:
+        return None
+    waited = 0.0
+    while True:
+        now = read()
+        if now is None or all(n <= b + slack_mib for n, b in zip(now, before)):
+            return None
+        if waited >= wait_s:
+            return f"GPU memory not released after the trial: {now} MiB in use, {before} MiB before"
+        sleep(2.0)
+        waited += 2.0
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

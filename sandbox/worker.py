@@ -126,6 +126,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
             write_json(progress, {"phase": name, "server_pid": pid, "port": server.port, "log": str(log_path),
                                   "worker_pid": os.getpid(), "token": server.token})
 
+    device_before = host.gpu_memory_used_mib()
     try:
         server.start()
         enter("start")
@@ -209,10 +210,12 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
         lap("teardown")
         result["cleanup"] = {"leftover_pids": cleanup.leftover_pids, "port_free": cleanup.port_free,
                              "forced_kill": cleanup.forced_kill}
-        if not cleanup.clean and result["failure"] is None:
+        held = host.wait_device_memory(device_before)
+        result["cleanup"]["device_memory_held"] = held
+        if (not cleanup.clean or held) and result["failure"] is None:
             phase = "teardown"
-            _fail(result, "unclean_teardown", f"processes {cleanup.leftover_pids} or port {server.port} "
-                                              "still held after teardown", "", log_path)
+            _fail(result, "unclean_teardown", held or f"processes {cleanup.leftover_pids} or port {server.port} "
+                                                      "still held after teardown", "", log_path)
         result["failed_phase"] = phase if result["failure"] else None
         enter("done")
         signal.signal(signal.SIGTERM, previous)

@@ -185,3 +185,41 @@ def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent
     assert recovery.problems(ledger, ledger.run("d"), storage, repo) == []
     trials = ledger.trials("d")
     assert [t.number for t in trials] == list(range(len(trials))) and len(trials) > 4
+
+
+def test_device_memory_must_come_back_before_a_trial_counts_as_torn_down():
+    from sandbox.host import wait_device_memory
+
+    readings = iter([[30000], [9000], [1200]])   # the driver frees a dead server's memory late
+    assert wait_device_memory([1000], read=lambda: next(readings), sleep=lambda s: None) is None
+    held = wait_device_memory([1000], wait_s=4, read=lambda: [30000], sleep=lambda s: None)
+    assert "30000" in held and "1000" in held
+    assert wait_device_memory(None, read=lambda: [30000]) is None   # no GPU: nothing to check
+
+
+class DirtyAfter(__import__("fake_engine").FakeEngine):
+    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        result = super().evaluate(spec, trial_dir, timeout_s, on_phase)
+        if self.calls == 4:
+            return {"status": "failed", "failure": {"class": "unclean_teardown", "log_tail": "",
+                                                    "message": "GPU memory not released after the trial"},
+                    "timings": {}, "workload": {}}
+        return result
+
+
+def test_a_trial_that_leaves_the_machine_dirty_stops_the_run_instead_of_blaming_the_next(tmp_path):
+    from datetime import timezone
+
+    from agent import space as spaces
+    from agent.loop import DirtyMachine, Settings, run_search
+
+    ledger, space = Ledger(tmp_path / "l.sqlite"), spaces.load("vllm-cpu")
+    deadline = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    run = ledger.add(Run(id="x", deadline_at=deadline, model="m", space_path=space.path, space_hash=space.hash,
+                         workload="smoke", repo="", settings={"home": str(tmp_path)}))
+    with pytest.raises(DirtyMachine, match="GPU memory not released"):
+        run_search(run, Settings(model="m", workload="smoke", recheck=False), space, ledger, DirtyAfter(),
+                   gitops.open_repo(tmp_path / "p", create=True), f"sqlite:///{tmp_path / 'o.sqlite'}")
+    last = ledger.trials("x")[-1]
+    assert last.status == "failed" and last.failure_class == "unclean_teardown"
+    assert len([t for t in ledger.trials("x") if t.source != "baseline"]) == 2   # no trial after it
