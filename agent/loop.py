@@ -149,7 +149,7 @@ def make_sampler(settings: Settings) -> optuna.samplers.BaseSampler:
 def spent(ledger: Ledger, run: Run, settings: Settings) -> bool:
     if settings.max_trials is None:
         return False
-    ran = [t for t in ledger.trials(run.id) if t.source != "baseline" and t.status != "skipped"]
+    ran = [t for t in ledger.trials(run.id) if t.source in ("planner", "sampler") and t.status != "skipped"]
     return len(ran) >= settings.max_trials
 
 
