@@ -106,6 +106,9 @@ def run(
             else:
                 if not budget_text:
                     raise fail("--budget is required (or --resume RUN_ID)")
+                for stale in (r for r in ledger.runs() if r.status == "running"):  # we hold the lock: it died
+                    console.print(f"note: run {stale.id} was cut off (deadline {stale.deadline_at}); "
+                                  f"continue it with: agent run --resume {stale.id}", highlight=False)
                 row = _new_run(ledger, home, budget_text, **options)
             _search(ledger, row)
     except recovery.Busy as e:
@@ -316,6 +319,44 @@ def verify(
               f"{'inside' if report['within_interval'] else 'OUTSIDE'} the interval", highlight=False)
     if not report["within_interval"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest).")) -> None:
+    """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""
+    ledger = open_ledger()
+    runs = ledger.runs()
+    row = ledger.run(run_id) if run_id else (runs[0] if runs else None)
+    if row is None:
+        raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
+    trials = ledger.trials(row.id)
+    say = lambda text: out.print(text, highlight=False, markup=False)  # noqa: E731 - configs hold brackets
+    by = lambda attr: ", ".join(f"{n} {k}" for k, n in sorted(  # noqa: E731
+        {v: sum(1 for t in trials if getattr(t, attr) == v) for v in {getattr(t, attr) for t in trials}}.items()))
+    say(f"run {row.id}: {row.status}; started {row.started_at}, deadline {row.deadline_at}"
+              + (f", finished {row.finished_at}" if row.finished_at else ""))
+    say(f"  {row.model} on {row.engine} {row.engine_version}, {row.hardware.get('cpu')} "
+              f"({row.hardware.get('cpus')} cores{', ' + ', '.join(row.hardware['gpus']) if row.hardware.get('gpus') else ''})")
+    if row.baseline_tps:
+        say(f"  baseline {row.baseline_tps:.2f} tok/s, noise ±{row.noise:.1%}, ppl {row.baseline_ppl:.4f}; "
+                  f"workload {row.workload}")
+    say(f"  {len(trials)} trials: {by('status')}; sources: {by('source')}")
+    failures = [t.failure_class for t in trials if t.failure_class and t.status == "failed"]
+    if failures:
+        say("  failures: " + ", ".join(f"{n} {c}" for c, n in sorted(
+            {c: failures.count(c) for c in set(failures)}.items())))
+    for c in ledger.narrowings(row.id):
+        say(f"  narrowed {c.knob} to [{c.low:g}, {c.high:g}] after trial {c.after_trial}: {c.rationale}")
+    drift = [t for t in trials if t.source == "drift"]
+    if drift:
+        say(f"  drift checks: {', '.join(f'{t.tps_ratio:.3f}x' for t in drift if t.tps_ratio)}")
+    accepted = sorted((t for t in trials if t.branch), key=lambda t: -(t.tps_ratio or 0))
+    for t in accepted:
+        held = f", held-out {t.heldout_ratio:.3f}x" if t.heldout_ratio else ""
+        say(f"  {t.branch}: {t.tps_ratio:.3f}x{held}, ppl {t.ppl_change:+.2%} [{t.source}] "
+                  f"{', '.join(f'{k}={v}' for k, v in t.params.items())}")
+    if not accepted:
+        say("  no accepted config yet")
 
 
 @app.command()
