@@ -79,6 +79,8 @@ def run(
                                             "prompts before committing it."),
     heldout_margin: float = typer.Option(0.05, min=0, max=1, help="Share of the ratio a config may lose on "
                                                                   "held-out prompts and still be committed."),
+    kl_max: float = typer.Option(None, min=0, help="Refuse configs whose mean KL divergence from the defaults' "
+                                                  "top-5 next-token distributions is above this (nats)."),
     slo_ttft_p99_ms: float = typer.Option(None, min=0, help="SLO: refuse configs whose p99 time to first token "
                                                             "is above this."),
     slo_itl_p99_ms: float = typer.Option(None, min=0, help="SLO: refuse configs whose p99 inter-token latency "
@@ -197,6 +199,12 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     return ledger.update(row, status="running", finished_at=None)
 
 
+DEFAULTS = {"quality": "default", "ppl_tolerance": 0.01, "ppl_max": None, "min_gain": 0.0, "heldout_margin": 0.05,
+            "kl_max": None, "slo_ttft_p99_ms": None, "slo_itl_p99_ms": None, "baseline_instances": 2, "repeats": 2,
+            "seed": 0, "sampler_per_planner": 1, "sampler": "tpe", "max_trials": None, "recheck": True,
+            "drift_every": 10, "planner": "builtin", "draft_models": []}
+
+
 def _storage() -> str:
     return f"sqlite:///{paths.home() / 'optuna.sqlite'}"
 
@@ -207,10 +215,10 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     from sandbox.host import hardware
     from sandbox.workload import load_workload
 
-    o = row.settings
+    o = {**DEFAULTS, **row.settings}  # a run written by an older version lacks the newer settings
     meter = load_workload(row.workload)
     gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
-                        heldout_margin=o["heldout_margin"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
+                        heldout_margin=o["heldout_margin"], kl_max=o["kl_max"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
                         itl_p99_ms_max=o["slo_itl_p99_ms"])
     settings = Settings(model=row.model, workload=row.workload, quality=o["quality"], gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],

@@ -6,6 +6,7 @@ ledger. The reasons are sentences a reviewer reads in the morning.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -15,6 +16,7 @@ class GateSettings:
     ppl_max: float | None = None       # optional absolute bound
     min_gain: float = 0.0              # margin the TPS gain must clear on top of the noise
     heldout_margin: float = 0.05       # how much of the ratio may be lost on held-out prompts
+    kl_max: float | None = None        # optional: mean KL divergence (nats) from the baseline's top-k logprobs
     ttft_p99_ms_max: float | None = None   # SLO bounds: a faster config that breaks one is refused
     itl_p99_ms_max: float | None = None
 
@@ -27,6 +29,7 @@ class Baseline:
     noise: float                       # relative spread of TPS across baseline server instances
     drift: float = 1.0                 # the machine's speed now relative to when the baseline was measured
     heldout_tps: float | None = None   # the baseline on the held-out prompts (same instances)
+    top_logprobs: list | None = None   # per greedy prompt, per position: {token: logprob} (top-k)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Verdict:
     tps_ratio: float | None = None
     ppl_change: float | None = None
     agreement: float | None = None
+    kl: float | None = None
 
 
 def agreement(baseline: list[list[int]], candidate: list[list[int]]) -> float:
@@ -49,6 +53,33 @@ def agreement(baseline: list[list[int]], candidate: list[list[int]]) -> float:
     return round(sum(shares) / len(shares), 4)
 
 
+def kl_divergence(base: list | None, cand: list | None, base_ids: list[list[int]],
+                  cand_ids: list[list[int]]) -> float | None:
+    """Mean KL(baseline || candidate) over generated positions whose context is still shared.
+
+    Each side gives only its top-k, so both are renormalised over the union of their tokens, a token
+    missing from one side taking that side's smallest logprob (an upper bound on its mass there).
+    Positions after the outputs diverge are left out: their contexts differ, so their
+    distributions are not comparable (agreement already counts the divergence).
+    """
+    if not base or not cand or len(base) != len(cand):
+        return None
+    total, n = 0.0, 0
+    for b_prompt, c_prompt, b_ids, c_ids in zip(base, cand, base_ids, cand_ids):
+        if b_prompt is None or c_prompt is None:
+            return None
+        for position, (b, c) in enumerate(zip(b_prompt, c_prompt)):
+            if position > 0 and b_ids[position - 1] != c_ids[position - 1]:
+                break
+            tokens = set(b) | set(c)
+            pb = {t: math.exp(b.get(t, min(b.values()))) for t in tokens}
+            pc = {t: math.exp(c.get(t, min(c.values()))) for t in tokens}
+            zb, zc = sum(pb.values()), sum(pc.values())
+            total += sum(pb[t] / zb * math.log((pb[t] / zb) / (pc[t] / zc)) for t in tokens)
+            n += 1
+    return round(total / n, 6) if n else None
+
+
 def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings = GateSettings()) -> Verdict:
     if result.get("status") != "ok":
         failure = result.get("failure") or {}
@@ -57,7 +88,16 @@ def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings =
     tps, ppl = result["bench"]["tps"], result["quality"]["ppl"]
     ratio = tps / (base.tps * base.drift)
     ppl_change = ppl / base.ppl - 1
-    agree = agreement(base.greedy, [g["token_ids"] for g in result["quality"]["greedy"]])
+    greedy = result["quality"]["greedy"]
+    agree = agreement(base.greedy, [g["token_ids"] for g in greedy])
+    kl = kl_divergence(base.top_logprobs, [g.get("top_logprobs") for g in greedy], base.greedy,
+                       [g["token_ids"] for g in greedy])
+    if settings.kl_max is not None:
+        if kl is None:
+            reasons.append("KL divergence not measurable: the server returned no top-k logprobs")
+        elif kl > settings.kl_max:
+            reasons.append(f"KL divergence {kl:.4f} nats from the baseline's next-token distributions is above "
+                           f"{settings.kl_max}")
     if result["bench"]["errors"]:
         reasons.append(f"{result['bench']['errors']} request errors")
     if ppl_change > settings.ppl_tolerance:
@@ -72,7 +112,7 @@ def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings =
     if ratio <= needed:
         reasons.append(f"TPS ratio {ratio:.3f} does not clear the noise: needs more than {needed:.3f} "
                        f"(noise ±{base.noise:.1%}, margin {settings.min_gain:.1%})")
-    return Verdict(not reasons, reasons, round(ratio, 4), round(ppl_change, 5), agree)
+    return Verdict(not reasons, reasons, round(ratio, 4), round(ppl_change, 5), agree, kl)
 
 
 def slo_breaches(bench: dict, settings: GateSettings) -> list[str]:

@@ -78,6 +78,8 @@ class Trial(Base):
     errors: Mapped[int | None] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     greedy: Mapped[list[Any] | None] = mapped_column(JSON)   # greedy token ids per comparison prompt
+    top_logprobs: Mapped[list[Any] | None] = mapped_column(JSON)   # per prompt, per position: top-k logprobs
+    kl: Mapped[float | None] = mapped_column(Float)          # mean KL divergence from the baseline (nats)
     gate_passed: Mapped[bool | None]
     gate_reasons: Mapped[list[Any]] = mapped_column(default=list)
     branch: Mapped[str | None] = mapped_column(String)

@@ -228,6 +228,7 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
         tps=bench.get("tps"), ppl=quality.get("ppl"), heldout_tps=(result.get("bench_heldout") or {}).get("tps"), errors=bench.get("errors"),
         ttft_p99_ms=(bench.get("ttft_ms") or {}).get("p99"), itl_p99_ms=(bench.get("itl_ms") or {}).get("p99"),
         metrics=result.get("metrics") or {}, greedy=[g["token_ids"] for g in quality.get("greedy") or []] or None,
+        top_logprobs=[g.get("top_logprobs") for g in quality.get("greedy") or []] or None,
         timings=result.get("timings") or {}, log_path=result.get("log_path"),
         meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow())
     ledger.update(row, **values)
@@ -262,7 +263,7 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
     ledger.update(run, baseline_tps=tps, baseline_ppl=ppl, noise=noise)
     say("baseline", tps=tps, ppl=ppl, noise=noise, instances=instance_tps)
     heldout = [r.heldout_tps for r in rows if r.heldout_tps]
-    base = Baseline(tps=tps, ppl=ppl, greedy=greedy, noise=noise,
+    base = Baseline(tps=tps, ppl=ppl, greedy=greedy, noise=noise, top_logprobs=rows[0].top_logprobs,
                     heldout_tps=statistics.median(heldout) if heldout else None)
     # A resumed run keeps its drift (a check killed before its factor was written does not count).
     checks = [t for t in ledger.trials(run.id) if t.source == "drift" and t.drift is not None]
@@ -318,7 +319,7 @@ def evaluate(run: Run, row: Trial, settings: Settings, space: Space, ledger: Led
     record(ledger, row, result)
     verdict = check(result, base, row.lossless, settings.gate)
     ledger.update(row, gate_passed=verdict.passed, gate_reasons=verdict.reasons, tps_ratio=verdict.tps_ratio,
-                  ppl_change=verdict.ppl_change, agreement=verdict.agreement, drift=base.drift,
+                  ppl_change=verdict.ppl_change, agreement=verdict.agreement, kl=verdict.kl, drift=base.drift,
                   tps_corrected=round(row.tps / base.drift, 3) if row.tps else None)
     if result.get("status") != "ok":
         say("result", number=row.number, row=row)

@@ -83,13 +83,33 @@ def perplexity(client: httpx.Client, base_url: str, model: str, quality: Quality
                             tokens=total_tokens, windows=len(pieces))
 
 
+TOP_K = 5  # logprobs kept per generated position, for the KL divergence from the baseline
+
+
+def _top_logprobs(choice: dict) -> list[dict[str, float]] | None:
+    """Per position, the server's top-k {token text: logprob}; None when it sent none usable."""
+    tops = (choice.get("logprobs") or {}).get("top_logprobs")
+    if not isinstance(tops, list):
+        return None
+    out = []
+    for top in tops:
+        if not isinstance(top, dict):
+            return None
+        kept = {str(k): round(float(v), 5) for k, v in top.items()
+                if isinstance(v, (int, float)) and math.isfinite(v)}
+        if not kept:
+            return None
+        out.append(kept)
+    return out
+
+
 def greedy_outputs(client: httpx.Client, base_url: str, model: str, quality: Quality) -> list[dict]:
-    """Greedy completions of the comparison prompts, as output token ids."""
+    """Greedy completions of the comparison prompts: output token ids and each position's top-k logprobs."""
     out = []
     for item in quality.greedy_prompts:
         r = client.post(f"{base_url}/v1/completions", json={
             "model": model, "prompt": item["prompt"], "max_tokens": quality.greedy_max_tokens,
-            "temperature": 0.0, "return_token_ids": True,
+            "temperature": 0.0, "return_token_ids": True, "logprobs": TOP_K,
         })
         if r.status_code != 200:
             raise TrialFailure("request_errors", f"greedy request {item['id']} failed: HTTP {r.status_code} {r.text[:300]}")
@@ -97,5 +117,6 @@ def greedy_outputs(client: httpx.Client, base_url: str, model: str, quality: Qua
         ids = choice.get("token_ids")
         if not isinstance(ids, list) or not ids:
             raise TrialFailure("bad_output", f"greedy request {item['id']} returned no token ids")
-        out.append({"id": item["id"], "token_ids": [int(t) for t in ids], "text": choice.get("text", "")})
+        out.append({"id": item["id"], "token_ids": [int(t) for t in ids], "text": choice.get("text", ""),
+                    "top_logprobs": _top_logprobs(choice)})
     return out

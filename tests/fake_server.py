@@ -69,6 +69,10 @@ class Handler(BaseHTTPRequestHandler):
             choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": value, "rank": 1}} for t in body["prompt"][1:]]
         if body.get("return_token_ids"):
             choice["token_ids"] = [7] * body.get("max_tokens", 1)
+        if body.get("logprobs"):
+            top = {" word": -0.1, " other": -2.5}
+            choice["logprobs"] = {"tokens": [" word"] * body.get("max_tokens", 1),
+                                  "top_logprobs": [dict(top) for _ in range(body.get("max_tokens", 1))]}
         self.send(200, {"choices": [choice]})
 
     def stream(self, body: dict) -> None:

@@ -77,3 +77,25 @@ def test_a_gain_that_vanishes_on_held_out_prompts_is_not_committed(tmp_path):
     kept = [t for t in ledger.trials("t") if t.branch]
     assert kept and all(t.heldout_ratio >= t.tps_ratio * 0.95 for t in kept)
     assert all(f"agent/t/{t.number}" in gitops.branches(repo) for t in kept)
+
+
+def test_kl_divergence_from_the_baselines_top_k_catches_a_shift_that_keeps_greedy_outputs():
+    same = [[{" a": -0.1, " b": -2.5}, {" c": -0.2, " d": -1.8}] for _ in GREEDY]
+    shifted = [[{" a": -0.7, " b": -0.9}, {" c": -0.6, " d": -0.9}] for _ in GREEDY]
+    base = Baseline(**{**vars(BASE), "top_logprobs": same})
+    strict = GateSettings(kl_max=0.01)
+
+    def with_tops(tops):
+        r = result(11.0)
+        for g, t in zip(r["quality"]["greedy"], tops):
+            g["top_logprobs"] = t
+        return r
+
+    kept = check(with_tops(same), base, lossless=False, settings=strict)
+    assert kept.passed and kept.kl == 0.0
+    moved = check(with_tops(shifted), base, lossless=False, settings=strict)
+    assert not moved.passed and moved.kl > 0.05 and "KL divergence" in moved.reasons[0]
+    assert moved.agreement == 1.0   # greedy outputs alone would not have caught it
+    blind = check(result(11.0), base, lossless=False, settings=strict)
+    assert not blind.passed and "not measurable" in blind.reasons[0]
+    assert check(result(11.0), base, lossless=False).passed   # off unless asked for
