@@ -145,3 +145,21 @@ def heldout_check(search_ratio: float, heldout_tps: float, base: Baseline, setti
     if ratio <= 1:
         reasons.append(f"held-out re-check: {ratio:.3f}x, no faster than the defaults on held-out prompts")
     return round(ratio, 4), reasons
+
+
+# Two-sided 95% Student t quantiles by degrees of freedom (measurements - 1).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093}
+
+
+def interval(values: list[float], noise: float) -> tuple[float, float]:
+    """95% interval of a positive figure (TPS, or a ratio) from repeated measurements: Student's t on
+    the logs with two or more, ±2x the measured noise with one (two measurements, each carrying it)."""
+    import statistics
+
+    if len(values) < 2:
+        return values[0] * (1 - 2 * noise), values[0] * (1 + 2 * noise)
+    logs = [math.log(v) for v in values]
+    half = T95[min(len(values) - 1, 19)] * statistics.stdev(logs) / math.sqrt(len(logs))
+    centre = statistics.fmean(logs)
+    return math.exp(centre - half), math.exp(centre + half)

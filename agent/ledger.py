@@ -65,6 +65,7 @@ class Trial(Base):
     failure_message: Mapped[str | None] = mapped_column(Text)
     log_tail: Mapped[str | None] = mapped_column(Text)
     tps: Mapped[float | None] = mapped_column(Float)
+    tps_interval: Mapped[list[Any] | None] = mapped_column(JSON)   # 95% interval from this server's repeats
     tps_ratio: Mapped[float | None] = mapped_column(Float)             # drift-corrected TPS / baseline TPS
     drift: Mapped[float | None] = mapped_column(Float)                 # machine speed factor applied (1: none)
     tps_corrected: Mapped[float | None] = mapped_column(Float)         # tps / drift

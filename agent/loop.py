@@ -18,7 +18,7 @@ import optuna
 
 from agent import gitops, proposal
 from agent.budget import seconds_left
-from agent.gate import Baseline, GateSettings, check, heldout_check, slo_excess
+from agent.gate import Baseline, GateSettings, check, heldout_check, interval, slo_excess
 from agent.ledger import Ledger, RangeChange, Repeat, Run, Trial, utcnow
 from agent.planner import BuiltinPlanner, Planner
 from agent.recovery import AWAITING_RECHECK
@@ -231,6 +231,9 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
         top_logprobs=[g.get("top_logprobs") for g in quality.get("greedy") or []] or None,
         timings=result.get("timings") or {}, log_path=result.get("log_path"),
         meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow())
+    repeats = [x for x in bench.get("repeats_tps") or [] if x and x > 0]
+    if len(repeats) >= 2:  # within one server only: the instance-to-instance noise is the run's `noise`
+        values["tps_interval"] = [round(x, 3) for x in interval(repeats, 0.0)]
     ledger.update(row, **values)
     with ledger.session.begin() as s:
         for tps in bench.get("repeats_tps") or []:

@@ -15,26 +15,12 @@ from pathlib import Path
 
 import git
 
+from agent.gate import interval
 from agent.ledger import Ledger
-
-
-# Two-sided 95% Student t quantiles by degrees of freedom (rounds - 1; rounds are at most 10).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 class VerifyError(ValueError):
     pass
-
-
-def interval(ratios: list[float], noise: float) -> tuple[float, float]:
-    """95% interval of the ratio: from the rounds' spread (log scale) with two or more rounds; from
-    the run's measured noise with one (two measurements, each carrying it)."""
-    if len(ratios) < 2:
-        return ratios[0] * (1 - 2 * noise), ratios[0] * (1 + 2 * noise)
-    logs = [math.log(r) for r in ratios]
-    half = T95[len(ratios) - 1] * statistics.stdev(logs) / math.sqrt(len(logs))
-    centre = statistics.fmean(logs)
-    return math.exp(centre - half), math.exp(centre + half)
 
 
 def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, rounds: int = 1,

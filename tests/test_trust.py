@@ -99,3 +99,11 @@ def test_kl_divergence_from_the_baselines_top_k_catches_a_shift_that_keeps_greed
     blind = check(result(11.0), base, lossless=False, settings=strict)
     assert not blind.passed and "not measurable" in blind.reasons[0]
     assert check(result(11.0), base, lossless=False).passed   # off unless asked for
+
+
+def test_intervals_widen_with_spread_and_fall_back_to_the_noise_with_one_measurement():
+    from agent.gate import interval
+
+    tight, loose = interval([10.0, 10.1, 9.9], 0.0), interval([8.0, 12.0, 10.0], 0.0)
+    assert tight[0] < 10.0 < tight[1] and (loose[1] - loose[0]) > 5 * (tight[1] - tight[0])
+    assert interval([10.0], 0.05) == pytest.approx((9.0, 11.0))
