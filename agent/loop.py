@@ -24,6 +24,7 @@ from agent.planner import BuiltinPlanner, Planner
 from agent.recovery import AWAITING_RECHECK
 from agent.space import Space
 
+DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
 # After this many asks in a row that only repeat answered points, the space is spent.
 MAX_REPEATS_IN_A_ROW = 200
 
@@ -299,15 +300,17 @@ def drift_due(ledger: Ledger, run: Run, settings: Settings) -> bool:
 
 def check_drift(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, base: Baseline,
                 say: Callable) -> Baseline:
-    """Measure the defaults again; a move beyond the noise is the machine's, and is divided out from now on.
+    """Measure the defaults again; a move well beyond the noise is the machine's, and is divided out from now on.
 
-    One instance is within the noise of the baseline's instances by construction, so a move
-    inside the noise is not called drift (correcting by it would only add one instance's noise).
+    The check is one fresh instance against the baseline's median, two measurements each carrying
+    the noise, so only a move beyond twice the noise (and at least DRIFT_MIN, since two or three
+    baseline instances can underestimate it) is called drift: correcting by less would only add
+    one instance's noise to every later figure.
     """
     row = run_baseline(run, settings, space, ledger, engine, say, "drift",
                        f"drift check after {settings.drift_every} candidate trials")
     factor = row.tps / base.tps
-    drift = round(factor, 4) if abs(factor - 1) > base.noise else 1.0
+    drift = round(factor, 4) if abs(factor - 1) > max(2 * base.noise, DRIFT_MIN) else 1.0
     ledger.update(row, drift=drift, tps_corrected=row.tps, tps_ratio=round(factor, 4), gate_passed=None,
                   gate_reasons=[f"drift check: defaults now at {factor:.3f}x of the baseline; "
                                 f"{'correcting by ' + str(drift) if drift != 1.0 else 'within the noise, no correction'}"])

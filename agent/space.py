@@ -204,8 +204,37 @@ def _knob(where: str, name: str, raw: Any) -> Knob:
     return Knob(**knob)
 
 
-def load(path: str | Path) -> Space:
-    """Load and check a space file; a name without a suffix means a shipped space."""
+def host_cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def _drop_for_host(where: str, h: Any, knobs: dict[str, Knob], cpu_flags: set[str]) -> dict[str, Knob]:
+    """Leave out choices this host cannot run (so no trial is spent learning what the engine says at start)."""
+    if not isinstance(h, dict) or set(h) - {"choices", "cpu_flags_any", "reason"} or not isinstance(h.get("choices"), dict):
+        raise SpaceError(f"{where}: expected choices (knob: [values]), cpu_flags_any and reason")
+    if set(h.get("cpu_flags_any") or []) & cpu_flags:
+        return knobs
+    for name, values in h["choices"].items():
+        knob = knobs.get(name)
+        if knob is None or knob.type != "categorical" or not isinstance(values, list):
+            raise SpaceError(f"{where}.choices.{name}: not a categorical knob with a list of values")
+        left = tuple(c for c in knob.choices if c not in values)
+        if not left:
+            raise SpaceError(f"{where}.choices.{name}: would leave no choice")
+        knobs = {**knobs, name: replace(knob, choices=left)}
+    return knobs
+
+
+def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
+    """Load and check a space file; a name without a suffix means a shipped space.
+
+    `host` entries drop choices the machine cannot run, judged from cpu_flags (default: this host's).
+    """
+    cpu_flags = host_cpu_flags() if cpu_flags is None else cpu_flags
     path = Path(path)
     if not path.suffix:
         path = SPACES / f"{path}.yaml"
@@ -218,7 +247,7 @@ def load(path: str | Path) -> Space:
         raise SpaceError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("knobs"), dict):
         raise SpaceError(f"{path}: expected a mapping with a 'knobs' mapping")
-    if unknown := sorted(set(raw) - {"engine", "engine_version", "fixed", "knobs", "rules"}):
+    if unknown := sorted(set(raw) - {"engine", "engine_version", "fixed", "knobs", "rules", "host"}):
         raise SpaceError(f"{path}: unknown key {unknown[0]!r}")
     knobs = {name: _knob(f"{path}: knobs.{name}", name, k) for name, k in raw["knobs"].items()}
     for name, knob in knobs.items():
@@ -239,6 +268,8 @@ def load(path: str | Path) -> Space:
                 and (not isinstance(req[2], str) or req[2] in knobs)):
             raise SpaceError(f"{where}.require: {req!r} is not [knob, one of {' '.join(OPS)}, knob or number]")
         rules.append(Rule(require=tuple(req), reason=str(r.get("reason", "")), when=dict(r.get("when") or {})))
+    for i, h in enumerate(raw.get("host") or []):
+        knobs = _drop_for_host(f"{path}: host[{i}]", h, knobs, cpu_flags)
     digest = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Space(path=str(path), engine=str(raw.get("engine", "")), engine_version=str(raw.get("engine_version", "")),
                  knobs=knobs, fixed_flags=fixed_flags, fixed_env=fixed_env, rules=tuple(rules), hash=digest)

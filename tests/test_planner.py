@@ -4,7 +4,7 @@ from agent import space as spaces
 from agent.ledger import Run, Trial
 from agent.planner import BuiltinPlanner
 
-SPACE = spaces.load("vllm-cpu")
+SPACE = spaces.load("vllm-cpu", cpu_flags={"avx512f"})  # a host where every choice runs
 RUN = Run(id="r", model="m")
 
 

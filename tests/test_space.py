@@ -70,3 +70,11 @@ def test_broken_space_files_name_file_key_and_problem(tmp_path, body, needle):
     with pytest.raises(spaces.SpaceError) as err:
         spaces.load(path)
     assert str(err.value).startswith(str(path)) and needle in str(err.value)
+
+
+def test_choices_the_host_cannot_run_are_left_out_before_the_search():
+    bare = spaces.load("vllm-cpu", cpu_flags={"sse4_2", "avx2"})
+    assert bare.knobs["kv-cache-dtype"].choices == ("auto",)
+    assert bare.problems({"kv-cache-dtype": "fp8_e5m2"})   # a planner cannot bring it back either
+    avx512 = spaces.load("vllm-cpu", cpu_flags={"avx2", "avx512f"})
+    assert "fp8_e5m2" in avx512.knobs["kv-cache-dtype"].choices
