@@ -58,8 +58,12 @@ class NoPlanner:
         return []
 
 
-# Failures that say a value was too large for this machine, not that a combination was refused.
+# Failures that say a value was too large for this machine, not that a combination was refused,
+# and the knobs that size memory: only those are narrowed after such a failure (a sampled point
+# sets every knob, and the failure says nothing about, say, the ngram lookup length).
 CAPACITY_FAILURES = ("oom", "start_timeout")
+CAPACITY_KNOBS = ("max-num-seqs", "max-num-batched-tokens", "max-model-len", "gpu-memory-utilization",
+                  "max-num-partial-prefills", "max-long-partial-prefills", "swap-space")
 
 
 def _tried(history: list[Trial]) -> set[str]:
@@ -97,7 +101,7 @@ class BuiltinPlanner:
         """
         out = []
         for knob in space.knobs.values():
-            if knob.type not in ("int", "float"):
+            if knob.type not in ("int", "float") or knob.name not in CAPACITY_KNOBS:
                 continue
             failed = [t.params[knob.name] for t in history
                       if t.failure_class in CAPACITY_FAILURES and knob.name in t.params]
