@@ -136,14 +136,23 @@ def slo_excess(bench: dict, settings: GateSettings) -> float:
 
 
 def heldout_check(search_ratio: float, heldout_tps: float, base: Baseline, settings: GateSettings) -> tuple[float, list[str]]:
-    """The ratio on held-out prompts (fresh server) and why it does not confirm the search ratio, if so."""
+    """The ratio on held-out prompts (fresh server) and why it does not confirm the search ratio, if so.
+
+    The re-check adds two noisy measurements (a fresh candidate server, the defaults' held-out
+    figure), so a drop counts only beyond the user's margin plus twice the noise: in the first real
+    run with this check, the same config measured 13.61 and 12.61 tok/s on two servers (7%) while
+    two baseline instances had put the noise at 2.5%.
+    """
     ratio = heldout_tps / (base.heldout_tps * base.drift)
+    allowed = settings.heldout_margin + 2 * base.noise
     reasons = []
-    if ratio < search_ratio * (1 - settings.heldout_margin):
+    if ratio < search_ratio * (1 - allowed):
         reasons.append(f"held-out re-check: {ratio:.3f}x on prompts the search never saw against {search_ratio:.3f}x "
-                       f"on the search prompts, a drop beyond the allowed {settings.heldout_margin:.0%}")
-    if ratio <= 1:
-        reasons.append(f"held-out re-check: {ratio:.3f}x, no faster than the defaults on held-out prompts")
+                       f"on the search prompts, a drop beyond the allowed {allowed:.1%} (margin "
+                       f"{settings.heldout_margin:.0%} + twice the noise)")
+    if ratio <= 1 + base.noise:
+        reasons.append(f"held-out re-check: {ratio:.3f}x, not faster than the defaults beyond the noise "
+                       f"(±{base.noise:.1%}) on held-out prompts")
     return round(ratio, 4), reasons
 
 

@@ -68,7 +68,7 @@ def test_accepted_branches_hold_the_config_that_was_measured(real_run):
         assert results["tps"] == t.tps
         # Committed only after a fresh server confirmed the gain on prompts the search never saw.
         assert t.heldout_ratio is not None and results["heldout_ratio"] == t.heldout_ratio
-        assert t.heldout_ratio >= t.tps_ratio * 0.95
+        assert t.heldout_ratio >= t.tps_ratio * (1 - 0.05 - 2 * ledger.run(t.run_id).noise)
 
 
 def test_cli_reads_back_the_real_run(real_run):

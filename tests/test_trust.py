@@ -72,10 +72,12 @@ def test_a_gain_that_vanishes_on_held_out_prompts_is_not_committed(tmp_path):
     assert ngram, "the planner proposes ngram speculation on a single-stream workload"
     for t in ngram:
         assert t.gate_passed is False and t.branch is None
-        assert any("held-out re-check" in r for r in t.gate_reasons) and t.heldout_ratio < t.tps_ratio * 0.95
+        allowed = 0.05 + 2 * ledger.run("t").noise
+        assert any("held-out re-check" in r for r in t.gate_reasons) and t.heldout_ratio < t.tps_ratio * (1 - allowed)
     # A config whose gain holds on held-out prompts is committed with both figures.
     kept = [t for t in ledger.trials("t") if t.branch]
-    assert kept and all(t.heldout_ratio >= t.tps_ratio * 0.95 for t in kept)
+    allowed = 0.05 + 2 * ledger.run("t").noise
+    assert kept and all(t.heldout_ratio >= t.tps_ratio * (1 - allowed) for t in kept)
     assert all(f"agent/t/{t.number}" in gitops.branches(repo) for t in kept)
 
 
