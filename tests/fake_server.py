@@ -52,6 +52,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if MODE == "errors":
             self.send(500, {"error": {"message": "fake internal error"}})
+        elif MODE == "garbage":   # 200 OK with bytes that are not the API's JSON
+            self.send(200, "\x00<html>not json\ufffd", "text/event-stream" if body.get("stream") else "application/json")
         elif self.path == "/tokenize":
             ids = ([2] if body.get("add_special_tokens") else []) + token_ids(body["prompt"])
             self.send(200, {"tokens": ids, "count": len(ids)})

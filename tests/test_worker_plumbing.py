@@ -60,6 +60,7 @@ def test_ok_trial_measures_speed_and_quality_through_the_server(tmp_path, fake_m
 @pytest.mark.parametrize("mode, klass", [
     ("exit_early", "crashed"),
     ("errors", "request_errors"),
+    ("garbage", "bad_output"),      # 200 OK, but no tokens the meter can count
     ("nan", "bad_output"),
     ("short", "bad_output"),
 ])
