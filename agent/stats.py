@@ -1,0 +1,95 @@
+"""The gate's statistics, in one place. Server instances are the unit of noise.
+
+A server instance of a config measures its TPS once (the median of its repeats); two instances
+of the same config differ by a few percent on 2 CPU cores and by 7-15% on an H200. So every
+figure here is the log of an instance's TPS, the noise is the spread of those logs pooled over
+every group of instances of one config, and a ratio's bounds are Student-t prediction bounds
+for the candidate's instances against the defaults' instances.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+NORMAL = statistics.NormalDist()
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile: exact for 1 and 2 degrees of freedom, Cornish-Fisher beyond (error
+    below 0.3% from 3 on, which moves a bound by far less than the noise it scales)."""
+    if df < 1:
+        raise ValueError(f"t quantile needs at least one degree of freedom, got {df}")
+    if df == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = NORMAL.inv_cdf(p)
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The pooled standard deviation of log TPS between server instances of one config."""
+    sd: float
+    df: int          # degrees of freedom: instances minus groups
+
+    def as_dict(self) -> dict:
+        return {"sd": round(self.sd, 5), "df": self.df}
+
+
+def pooled_noise(groups: list[list[float]]) -> Noise:
+    """Pool the log-scale spread of several groups of TPS figures, each group instances of one
+    config measured on one prompt split (each instance in one group only)."""
+    squares, df = 0.0, 0
+    for group in groups:
+        logs = [math.log(x) for x in group if x and x > 0]
+        if len(logs) >= 2:
+            mean = statistics.fmean(logs)
+            squares += sum((v - mean) ** 2 for v in logs)
+            df += len(logs) - 1
+    return Noise(math.sqrt(squares / df) if df else 0.0, df)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate instances against the defaults' instances: the ratio of geometric means and its
+    one-sided bounds at the given level (each side holds with that probability)."""
+    ratio: float
+    low: float
+    high: float
+    candidates: int
+    defaults: int
+    level: float
+
+    def as_dict(self) -> dict:
+        return {"ratio": round(self.ratio, 4), "low": round(self.low, 4), "high": round(self.high, 4),
+                "candidate_instances": self.candidates, "default_instances": self.defaults, "level": self.level}
+
+
+def compare(candidate: list[float], defaults: list[float], noise: Noise, level: float = 0.95,
+            scale: float = 1.0) -> Comparison:
+    """Bounds on the ratio candidate/defaults from server instances of each.
+
+    scale multiplies the defaults (the machine's drift). With no degrees of freedom there is no
+    noise estimate, and the bounds are left open rather than pretending to be tight.
+    """
+    diff = (statistics.fmean(math.log(x) for x in candidate)
+            - statistics.fmean(math.log(x * scale) for x in defaults))
+    if noise.df < 1:
+        return Comparison(math.exp(diff), 0.0, math.inf, len(candidate), len(defaults), level)
+    half = t_quantile(level, noise.df) * noise.sd * math.sqrt(1 / len(candidate) + 1 / len(defaults))
+    return Comparison(math.exp(diff), math.exp(diff - half), math.exp(diff + half), len(candidate),
+                      len(defaults), level)
+
+
+def interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Two-sided interval of a positive figure from repeated measurements of it (t on the logs)."""
+    logs = [math.log(v) for v in values]
+    if len(logs) < 2:
+        return 0.0, math.inf
+    half = t_quantile(1 - (1 - level) / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    centre = statistics.fmean(logs)
+    return math.exp(centre - half), math.exp(centre + half)

@@ -1,0 +1,146 @@
+"""The gate's operating characteristic, measured on the simulated engine.
+
+    python scripts/gate_oc.py [--decisions 2000] [--seed 0]
+
+For each instance noise (log-sd 0.07 and 0.15: about the largest spreads measured on the CPU
+machine and on the H200) and each truth (no gain; a lossless 1.3x gain), it plays a run's
+decision many times: the defaults on fresh server instances, the A/A check, then one candidate
+through the gate: its search instance, and the held-out decision on fresh instances. Greedy
+outputs flip at near-ties as the H200's did (every instance, the defaults' too). It prints how
+often the candidate is accepted, and how many server instances a decision cost, for the gate
+before this change (the rules of agent/gate.py up to commit aa1c0fb, re-implemented below) and for
+the gate as it is (agent/gate.py itself, at its default settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from agent.gate import (GateSettings, Instance, MeasureFailed, baseline_of, check, decide,  # noqa: E402
+                        greedy_of, judge_aa)
+from sim_engine import SimulatedEngine  # noqa: E402
+BASELINE_INSTANCES = 2
+
+DEFAULTS = {"flags": {}, "env": {}}
+FAST = {"flags": {}, "env": {"GAIN": "on"}}
+TMP = Path("/tmp/gate-oc")
+
+
+def measure(engine: SimulatedEngine, config: dict, heldout_bench: bool = False, quality: bool = True) -> dict:
+    spec = {**config, "workload": "challenge", "repeats": 2, "heldout_bench": heldout_bench,
+            "quality": "default" if quality else "none"}
+    return engine.evaluate(spec, TMP, 60)
+
+
+def instance(result: dict) -> Instance:
+    return Instance(result["bench"]["tps"], (result.get("bench_heldout") or {}).get("tps"),
+                    result["quality"]["ppl"], greedy_of(result))
+
+
+def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings, baseline_instances: int) -> tuple[bool, int]:
+    """One decision by agent/gate.py: (accepted, server instances spent on the candidate and extra defaults)."""
+    defaults = [instance(measure(engine, DEFAULTS, heldout_bench=True)) for _ in range(baseline_instances)]
+    base = baseline_of(defaults, settings)
+    aa = instance(measure(engine, DEFAULTS, heldout_bench=True))
+    verdict = judge_aa(aa, base, settings)
+    spent = 0
+    defaults.append(aa)
+    if verdict.add_instances:
+        defaults.append(instance(measure(engine, DEFAULTS, heldout_bench=True)))
+        spent += 1
+    base = baseline_of(defaults, settings)
+    base = replace(base, calibration=verdict.calibration)
+    result = measure(engine, config)
+    spent += 1
+    screened = check(result, base, lossless=True, settings=settings)
+    if not screened.passed:
+        return False, spent
+    first = measure(engine, config, quality=False)["bench"]["tps"]
+
+    def more(cfg):
+        return lambda: measure(engine, cfg, quality=False)["bench"]["tps"]
+
+    decision = decide(first, base, settings, more(config), more(DEFAULTS), screened.tps_ratio)
+    spent += len(decision.candidate) + len(decision.extra_defaults)
+    return decision.accepted, spent
+
+
+def old_gate(engine: SimulatedEngine, config: dict) -> tuple[bool, int]:
+    """The rules before this change: noise = half-range of two instances, one candidate instance
+    must beat 1 + noise with 100% greedy agreement, then one held-out instance must beat 1 + noise
+    and stay within 5% + twice the noise of the search ratio."""
+    defaults = [measure(engine, DEFAULTS, heldout_bench=True) for _ in range(2)]
+    tps = statistics.median(d["bench"]["tps"] for d in defaults)
+    held = statistics.median(d["bench_heldout"]["tps"] for d in defaults)
+    noise = max(abs(d["bench"]["tps"] - tps) for d in defaults) / tps
+    ref = [g["token_ids"] for g in defaults[0]["quality"]["greedy"]]
+    result = measure(engine, config)
+    ratio = result["bench"]["tps"] / tps
+    if [g["token_ids"] for g in result["quality"]["greedy"]] != ref or ratio <= 1 + noise:
+        return False, 1
+    heldout = measure(engine, config, quality=False)["bench"]["tps"] / held
+    return heldout > 1 + noise and heldout >= ratio * (1 - 0.05 - 2 * noise), 2
+
+
+def old_aa_passes(engine: SimulatedEngine) -> bool:
+    defaults = [measure(engine, DEFAULTS, heldout_bench=True) for _ in range(2)]
+    ref = [g["token_ids"] for g in defaults[0]["quality"]["greedy"]]
+    aa = measure(engine, DEFAULTS)
+    return [g["token_ids"] for g in aa["quality"]["greedy"]] == ref
+
+
+def new_aa_passes(engine: SimulatedEngine, settings: GateSettings, baseline_instances: int) -> bool:
+    defaults = [instance(measure(engine, DEFAULTS, heldout_bench=True)) for _ in range(baseline_instances)]
+    return judge_aa(instance(measure(engine, DEFAULTS, heldout_bench=True)), baseline_of(defaults, settings),
+                    settings).passed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decisions", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--noise", type=float, nargs="*", default=[0.07, 0.15])
+    parser.add_argument("--set", nargs="*", default=[], help="gate settings to try instead of the defaults, "
+                        "e.g. level=0.99 max_instances=6 baseline_instances=3")
+    args = parser.parse_args()
+    settings, instances = GateSettings(), BASELINE_INSTANCES
+    for item in args.set:
+        key, value = item.split("=")
+        if key == "baseline_instances":
+            instances = int(value)
+        else:
+            settings = replace(settings, **{key: type(getattr(settings, key))(value)})
+    print(f"{args.decisions} decisions per cell; greedy flips at near-ties on a quarter of 32 prompts, each "
+          f"instance taking the runner-up half the time; defaults: {instances} baseline instances + the A/A, "
+          f"level {settings.level}, detect {settings.detect:.0%}, at most {settings.max_instances} held-out "
+          f"instances\n")
+    print("| instance noise (log-sd) | truth | gate | accepted | server instances per decision | A/A passes |")
+    print("|---|---|---|---|---|---|")
+    for sd in args.noise:
+        for gain in (1.0, 1.3):
+            truth = "no gain" if gain == 1.0 else "1.3x lossless"
+            for name in ("before", "after"):
+                accepted, spent, aa = 0, [], 0
+                for i in range(args.decisions):
+                    engine = SimulatedEngine(seed=args.seed * 1_000_003 + i, noise=sd, flip_rate=0.5,
+                                             gain={"GAIN=on": gain})
+                    ok, n = old_gate(engine, FAST) if name == "before" else new_gate(engine, FAST, settings, instances)
+                    accepted += ok
+                    spent.append(n)
+                    if gain == 1.0:
+                        aa += old_aa_passes(engine) if name == "before" else new_aa_passes(engine, settings, instances)
+                aa_text = f"{aa / args.decisions:.1%}" if gain == 1.0 else ""
+                print(f"| {sd} | {truth} | {name} | {accepted / args.decisions:.1%} | "
+                      f"{statistics.fmean(spent):.2f} (max {max(spent)}) | {aa_text} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""The agent's meter against vLLM's own `vllm bench serve`, interleaved on one server.
+
+    .venv/bin/python scripts/meter_vs_vllm_bench.py --pairs 5
+
+Starts ONE vLLM server with the CPU space's fixed flags and environment
+(search_space/vllm-cpu.yaml: max-model-len 2048, VLLM_CPU_KVCACHE_SPACE=2,
+VLLM_USE_AOT_COMPILE=0), warms it up once with the workload's warm-up prompts, then runs N
+interleaved rounds. Each round measures every arm once, the order rotating from round to round
+so that drift hits all arms alike:
+
+- `agent`: the agent's meter exactly as a trial runs it, `sandbox.worker._measure` (the
+  measured phase of `sandbox.bench.run_prompts` with the metrics sampler beside it);
+- `vllm`: `vllm bench serve` as a subprocess on the same prompts (a custom-dataset JSONL of the
+  workload's prompts, in order, no chat template), the same output length, `--ignore-eos`,
+  `--temperature 0`, `--max-concurrency` = the workload's concurrency, request rate inf, no
+  warm-ups (the server is warm); its figures are read from `--save-result` JSON;
+- `bare` (experiment): `sandbox.bench.run_prompts` without the metrics sampler;
+- `v1` (experiment): the agent's meter with sandbox/bench.py as committed at `--rev` (httpx);
+- `deferred` (experiment): the agent's meter with the sampler's parsing moved after the phase.
+
+What each meter counts (the definitions, from the code):
+
+- agent (sandbox/bench.py, sandbox/worker.py): TPS = sum over successful requests of the
+  server's `usage.completion_tokens` (from the last data chunk of each stream) / wall time of
+  the measured phase, from just before the first request is handed to the event loop until the
+  last request's stream has ended (its [DONE] and the end of the HTTP body). The request bodies
+  and the connection pool are built before the clock starts. During the phase the metrics
+  sampler (sandbox/metrics.py) GETs /metrics every second and parses it in the same process.
+- vllm (vllm/benchmarks/serve.py, 0.32.0): output_throughput = sum over successful requests of
+  `usage.completion_tokens` (client tokenizer only if the server sent no usage) /
+  benchmark_duration, which runs from just before the first request task is created until
+  `asyncio.gather` of all of them returns (the aiohttp session is opened before it, and the
+  /metrics reads for speculative decoding are before and after it).
+
+Both count the same tokens here (64 per request, checked per round) and time the same span; the
+script records, per measurement, the client's own CPU seconds in the measured phase, the server
+processes' CPU seconds (API server and engine core), the sum of per-request latencies and the
+gaps between requests, so a difference can be traced to its cause.
+
+Writes rounds.jsonl, the table and the server log under runs/meter-vs-bench/<stamp>/. The
+server's whole process group is torn down on any exit, error or signal included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sandbox import bench, metrics, worker  # noqa: E402
+from sandbox.server import Server  # noqa: E402
+from sandbox.workload import load_workload  # noqa: E402
+
+# `vllm bench serve` without the `vllm` console script (vllm-cpu 0.32.0's `vllm` command and
+# `python -m vllm.entrypoints.cli.main` fail on importlib.metadata.version("vllm")). The same
+# parser and main; benchmark() is wrapped only to record the client's CPU seconds around it, and
+# the custom dataset's JSONL is read with json instead of pandas (not installed with vllm-cpu;
+# its placeholder fails the same way): the same rows, in file order (--disable-shuffle).
+BENCH_WRAPPER = r"""
+import json, sys, time
+from vllm.benchmarks import serve
+from vllm.benchmarks.datasets import datasets
+def load_data(self):
+    with open(self.dataset_path) as f:
+        self.data = [json.loads(line) for line in f if line.strip()]
+    assert getattr(self, "disable_shuffle", False)
+datasets.CustomDataset.load_data = load_data
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+cpu_out = sys.argv.pop(1)
+inner = serve.benchmark
+async def timed(*a, **k):
+    c0, w0 = time.process_time(), time.perf_counter()
+    try:
+        return await inner(*a, **k)
+    finally:
+        with open(cpu_out, "w") as f:
+            json.dump({"client_cpu_s": time.process_time() - c0, "span_s": time.perf_counter() - w0}, f)
+serve.benchmark = timed
+p = FlexibleArgumentParser()
+serve.add_cli_args(p)
+serve.main(p.parse_args())
+"""
+
+
+def fixed_flags_env(space_path: Path) -> tuple[list[str], dict[str, str]]:
+    raw = yaml.safe_load(space_path.read_text())
+    fixed = raw.get("fixed") or {}
+    argv: list[str] = []
+    for name, value in (fixed.get("flags") or {}).items():
+        argv += [f"--{name}"] if value is True else [f"--no-{name}"] if value is False else [f"--{name}", str(value)]
+    return argv, {k: str(v) for k, v in (fixed.get("env") or {}).items()}
+
+
+def server_cpu(server: Server) -> dict[str, float]:
+    """CPU seconds so far of the server's processes: the API server (root) and the rest."""
+    out = {"api_server": 0.0, "engine": 0.0}
+    try:
+        root = psutil.Process(server.proc.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return out
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out["api_server" if p.pid == root.pid else "engine"] += t.user + t.system
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def request_spans(starts: list[float], latencies: list[float], wall: float) -> dict:
+    """Sum of per-request latencies and the wall time not covered by any request (concurrency 1)."""
+    busy = sum(latencies)
+    return {"latency_sum_s": round(busy, 3), "uncovered_s": round(wall - busy, 3)}
+
+
+def committed_bench(rev: str):
+    """sandbox/bench.py as committed at rev (the meter before this change), loaded as a module."""
+    import importlib.util
+    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:sandbox/bench.py"], check=True,
+                          capture_output=True, text=True).stdout
+    spec = importlib.util.spec_from_loader(f"bench_{rev}", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    exec(compile(text, f"{rev}:sandbox/bench.py", "exec"), module.__dict__)
+    return module
+
+
+class DeferredSampler(metrics.Sampler):
+    """The metrics sampler with its parsing moved after the phase (an experiment, --arms deferred):
+    during the phase it only fetches /metrics' text; the same gauges are parsed when it stops."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        import httpx
+        texts: list[str] = []
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while not stop.is_set():
+                try:
+                    response = await client.get(f"{self.base_url}/metrics")
+                    if response.status_code == 200:
+                        texts.append(response.text)
+                except httpx.HTTPError:
+                    pass
+                try:
+                    await asyncio.wait_for(stop.wait(), self.interval_s)
+                except asyncio.TimeoutError:
+                    pass
+        for text in texts:
+            values = metrics.parse(text)
+            for series, names in ((self.kv_usage, metrics.KV_USAGE), (self.waiting, metrics.WAITING),
+                                  (self.running, metrics.RUNNING)):
+                if (value := metrics.first(values, names)) is not None:
+                    series.append(value)
+
+
+def run_agent(server: Server, workload, timeout_s: float, sampler: bool, meter=None,
+              sampler_class=None) -> dict:
+    """The agent's meter through sandbox.worker._measure (sampler=True) or run_prompts alone;
+    meter swaps the bench module (the committed one for arm v1), sampler_class the sampler."""
+    cpu0, srv0 = own_cpu(), server_cpu(server)
+    if sampler:
+        saved = worker.bench, metrics.Sampler
+        worker.bench, metrics.Sampler = meter or bench, sampler_class or saved[1]
+        try:
+            result, explained = asyncio.run(worker._measure(server, workload, timeout_s))
+        finally:
+            worker.bench, metrics.Sampler = saved
+    else:
+        results, wall = asyncio.run(bench.run_prompts(server.base_url, server.model_name, workload.prompts(),
+                                                      workload, timeout_s))
+        result, explained = bench.summarize(results, wall, workload), None
+    cpu1, srv1 = own_cpu(), server_cpu(server)
+    return {"tps": result.tps, "tokens": result.output_tokens, "wall_s": result.wall_s,
+            "requests": result.requests, "errors": result.errors, "short": result.short_outputs,
+            "ttft_ms_mean": result.ttft_ms.get("mean"), "itl_ms_mean": result.itl_ms.get("mean"),
+            "latency_sum_s": round(result.latency_ms.get("mean", 0) * result.requests / 1000, 3),
+            "client_cpu_s": round(cpu1 - cpu0, 3), "server_cpu_s": delta(srv1, srv0),
+            "metrics_samples": explained.get("samples") if explained else None}
+
+
+def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, timeout_s: float) -> dict:
+    name = f"vllm-{tag}.json"
+    cpu_file = out_dir / f"vllm-{tag}.cpu.json"
+    argv = [sys.executable, "-c", BENCH_WRAPPER, str(cpu_file),
+            "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", server.base_url,
+            "--model", server.model_name, "--tokenizer", server.model_name,
+            "--dataset-name", "custom", "--dataset-path", str(jsonl), "--skip-chat-template",
+            "--disable-shuffle", "--custom-output-len", str(workload.max_tokens),
+            "--num-prompts", str(workload.num_prompts), "--max-concurrency", str(workload.concurrency),
+            "--request-rate", "inf", "--num-warmups", "0", "--temperature", str(workload.temperature),
+            *(["--ignore-eos"] if workload.ignore_eos else []), "--disable-tqdm",
+            "--save-result", "--save-detailed", "--result-dir", str(out_dir), "--result-filename", name]
+    srv_cpu = {}
+    with open(out_dir / f"vllm-{tag}.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+                                     "PYTHONUNBUFFERED": "1"})
+        try:
+            # The server's CPU is sampled around the benchmark's own span: from the moment the
+            # first request reaches the server until the client exits (import time excluded).
+            srv0 = None
+            deadline = time.monotonic() + timeout_s
+            while proc.poll() is None and time.monotonic() < deadline:
+                if srv0 is None and (out_dir / f"vllm-{tag}.log").read_text(errors="replace").count(
+                        "Starting main benchmark run"):
+                    srv0 = server_cpu(server)
+                time.sleep(0.05)
+            if proc.poll() is None:
+                raise RuntimeError(f"vllm bench serve did not finish in {timeout_s:.0f} s")
+            if srv0 is not None:
+                srv_cpu = delta(server_cpu(server), srv0)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    if proc.returncode != 0:
+        tail = (out_dir / f"vllm-{tag}.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"vllm bench serve exited {proc.returncode}:\n{tail}")
+    data = json.loads((out_dir / name).read_text())
+    cpu = json.loads(cpu_file.read_text())
+    lat = [t + sum(i) for t, i in zip(data["ttfts"], data["itls"])]
+    return {"tps": round(data["output_throughput"], 3), "tokens": data["total_output_tokens"],
+            "wall_s": round(data["duration"], 3), "requests": data["num_prompts"],
+            "errors": data["num_prompts"] - data["completed"],
+            "short": sum(1 for n in data["output_lens"] if workload.ignore_eos and n != workload.max_tokens),
+            "ttft_ms_mean": round(data["mean_ttft_ms"], 2), "itl_ms_mean": round(data["mean_itl_ms"], 2),
+            "latency_sum_s": round(sum(lat), 3), "client_cpu_s": round(cpu["client_cpu_s"], 3),
+            "server_cpu_s": srv_cpu, "metrics_samples": None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--arms", default="agent,vllm",
+                        help="comma-separated: agent, bare, vllm; v1 (the committed meter at --rev) and "
+                             "deferred (metrics parsed after the phase) are experiments")
+    parser.add_argument("--rev", default="HEAD", help="the commit whose sandbox/bench.py arm v1 runs")
+    parser.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
+    parser.add_argument("--workload", default="challenge-cpu")
+    parser.add_argument("--space", type=Path, default=ROOT / "search_space" / "vllm-cpu.yaml")
+    parser.add_argument("--out", type=Path, help="output folder (default runs/meter-vs-bench/<stamp>)")
+    parser.add_argument("--start-timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not set(arms) <= {"agent", "bare", "vllm", "v1", "deferred"} or "vllm" not in arms or len(arms) < 2:
+        parser.error("--arms: two or more of agent, bare, vllm, v1, deferred, vllm included")
+    v1 = committed_bench(args.rev) if "v1" in arms else None
+
+    workload = load_workload(args.workload)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = args.out or ROOT / "runs" / "meter-vs-bench" / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "prompts.jsonl"
+    jsonl.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in workload.prompts()))
+    flags, env = fixed_flags_env(args.space)
+    server = Server(args.model, flags, env, out / "server.log")
+
+    def stop_on_signal(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop_on_signal)
+    rows: list[dict] = []
+    print(f"{workload.name} (meter_version {workload.meter_version}, hash {workload.hash}): "
+          f"{workload.num_prompts} prompts x {workload.max_tokens} tokens, concurrency {workload.concurrency}; "
+          f"server {' '.join(flags)} {' '.join(f'{k}={v}' for k, v in env.items())}; output {out}", flush=True)
+    try:
+        t0 = time.monotonic()
+        server.start()
+        server.wait_ready(args.start_timeout)
+        print(f"server ready in {time.monotonic() - t0:.0f} s (pid {server.proc.pid}, port {server.port})", flush=True)
+        warm, _ = asyncio.run(bench.run_prompts(server.base_url, server.model_name, workload.warmup_prompts(),
+                                                workload, 300))
+        if any(not r.ok for r in warm):
+            raise RuntimeError(f"warm-up failed: {next(r.error for r in warm if not r.ok)}")
+        timeout_s = bench.bench_deadline_s(workload)
+        for i in range(args.pairs):
+            order = arms[i % len(arms):] + arms[:i % len(arms)]
+            row = {"round": i + 1, "order": order}
+            for arm in order:
+                server.fail_if_dead(f"round {i + 1}")
+                if arm == "vllm":
+                    row[arm] = run_vllm(server, workload, jsonl, out, f"{i + 1}", timeout_s + 120)
+                elif arm == "v1":
+                    row[arm] = run_agent(server, workload, timeout_s, sampler=True, meter=v1)
+                elif arm == "deferred":
+                    row[arm] = run_agent(server, workload, timeout_s, sampler=True, sampler_class=DeferredSampler)
+                else:
+                    row[arm] = run_agent(server, workload, timeout_s, sampler=(arm == "agent"))
+                m = row[arm]
+                if m["errors"] or m["short"] or m["tokens"] != workload.num_prompts * workload.max_tokens:
+                    raise RuntimeError(f"round {i + 1} {arm}: {m['errors']} errors, {m['short']} short, "
+                                       f"{m['tokens']} tokens")
+            for arm in arms:
+                if arm != "vllm":
+                    row[f"ratio_{arm}"] = round(row[arm]["tps"] / row["vllm"]["tps"], 4)
+            rows.append(row)
+            with open(out / "rounds.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print("round {}: {}".format(i + 1, ", ".join(
+                f"{a} {row[a]['tps']:.2f} tok/s ({row[a]['wall_s']:.2f} s, client CPU {row[a]['client_cpu_s']:.2f} s)"
+                for a in order)), flush=True)
+    except KeyboardInterrupt as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, lambda s, f: None)  # let teardown finish
+        cleanup = server.stop()
+        print(f"server stopped: leftover pids {cleanup.leftover_pids}, port free {cleanup.port_free}", flush=True)
+
+    table = render(rows, arms)
+    print(table)
+    (out / "table.md").write_text(table + "\n")
+    return 0
+
+
+def render(rows: list[dict], arms: list[str]) -> str:
+    others = [a for a in arms if a != "vllm"]
+    head = ["round", "order"]
+    for a in arms:
+        head += [f"{a} tok/s", f"{a} wall s", f"{a} client CPU s", f"{a} API-server CPU s"]
+    head += [f"{a}/vllm" for a in others]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["round"]), " > ".join(r["order"])]
+        for a in arms:
+            m = r[a]
+            cells += [f"{m['tps']:.2f}", f"{m['wall_s']:.2f}", f"{m['client_cpu_s']:.2f}",
+                      f"{m['server_cpu_s'].get('api_server', float('nan')):.2f}"]
+        cells += [f"{r[f'ratio_{a}']:.3f}" for a in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    if rows:
+        cells = ["mean", ""]
+        for a in arms:
+            cells += [f"{statistics.fmean(r[a]['tps'] for r in rows):.2f}",
+                      f"{statistics.fmean(r[a]['wall_s'] for r in rows):.2f}",
+                      f"{statistics.fmean(r[a]['client_cpu_s'] for r in rows):.2f}",
+                      f"{statistics.fmean(r[a]['server_cpu_s'].get('api_server', 0) for r in rows):.2f}"]
+        cells += [f"{statistics.fmean(r[f'ratio_{a}'] for r in rows):.3f}" for a in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
