@@ -318,12 +318,18 @@ def branches(run_id: str = typer.Option(None, "--run", help="Only this run.")) -
 @app.command()
 def verify(
     branch: str,
-    rounds: int = typer.Option(1, min=1, max=10, help="Interleaved rounds: defaults then candidate, fresh servers."),
+    rounds: int = typer.Option(4, min=1, max=20, help="Rounds at most (defaults then candidate, fresh servers "
+                                                      "each); stops as soon as the evidence decides."),
+    tolerance: float = typer.Option(0.05, min=0.001, max=1, help="The claim holds if the ratio is within this "
+                                                                 "share of it."),
     split: str = typer.Option("heldout", help="Prompt split: heldout (never seen by the search) or search."),
 ) -> None:
-    """Re-measure a proposed branch against the defaults on fresh servers; print the ratio."""
+    """Re-measure a proposed branch against the defaults on fresh servers: does its claim hold?
+
+    Exit status 0: the claim holds (the 95% interval lies within claim +- tolerance); 1: it does not
+    (the interval is clear of that band); 3: the rounds allowed could not decide."""
     from agent.engine import WorkerEngine
-    from agent.verify import VerifyError, verify as run_verify
+    from agent.verify import HOLDS, UNDECIDED, VerifyError, verify as run_verify
 
     ledger = open_ledger()
     parts = branch.split("/")
@@ -332,16 +338,24 @@ def verify(
         raise fail(f"{branch!r} is not a branch agent/<run-id>/<trial> of a run in the ledger")
     try:
         repo = gitops.open_repo(Path(run_row.repo))
-        report = run_verify(ledger, repo, branch, WorkerEngine(), paths.home() / run_row.id / "verify",
-                            rounds, split, say=lambda m: console.print(m, highlight=False))
+        r = run_verify(ledger, repo, branch, WorkerEngine(), paths.home() / run_row.id / "verify",
+                       rounds, tolerance, split, say=lambda m: console.print(m, highlight=False))
     except (VerifyError, gitops.RepoError) as e:
         raise fail(str(e), 1) from None
-    low, high = report["interval"]
-    out.print(f"{branch}: claimed {report['claimed_ratio']:.3f}x; re-measured {report['ratio']:.3f}x "
-              f"[95% interval {low:.3f}x to {high:.3f}x, {rounds} round(s)] on {split} prompts "
-              f"(defaults {report['defaults_tps']}, candidate {report['candidate_tps']} tok/s): the claim is "
-              f"{'inside' if report['within_interval'] else 'OUTSIDE'} the interval", highlight=False)
-    if not report["within_interval"]:
+    low, high = r["interval"]
+    out.print(f"{branch}: claimed {r['claimed_ratio']:.3f}x; re-measured {r['ratio']:.3f}x, 95% interval "
+              f"{low:.3f}x to {high:.3f}x after {r['rounds']} round(s) on {split} prompts (defaults "
+              f"{r['defaults_tps']}, candidate {r['candidate_tps']} tok/s; noise ±{r['noise_log_sd']:.1%}, "
+              f"{r['noise_df']} df)", highlight=False)
+    band = f"{r['band'][0]:.3f}x to {r['band'][1]:.3f}x"
+    if r["verdict"] == HOLDS:
+        out.print(f"the claim holds: the interval lies within {band}", highlight=False)
+    elif r["verdict"] == UNDECIDED:
+        out.print(f"cannot decide: the interval overlaps {band} without lying within it; more rounds "
+                  f"(--rounds) or a looser --tolerance would decide", highlight=False)
+        raise typer.Exit(3)
+    else:
+        out.print(f"the claim does not hold: the interval is clear of {band}", highlight=False)
         raise typer.Exit(1)
 
 

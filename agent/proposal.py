@@ -31,7 +31,13 @@ def files(run: Run, trial: Trial, result: dict) -> dict[str, tuple[str, bool]]:
         "run": run.id, "trial": trial.number, "source": trial.source, "rationale": trial.rationale,
         "tps": trial.tps, "tps_ratio": trial.tps_ratio, "baseline_tps": run.baseline_tps, "noise": run.noise,
         "drift": trial.drift, "tps_corrected": trial.tps_corrected,
+        "claim": "heldout_ratio, with its one-sided bounds heldout_interval (instances of the candidate against "
+                 "instances of the defaults, on prompts the search never saw)",
         "heldout_tps": trial.heldout_tps, "heldout_ratio": trial.heldout_ratio,
+        "heldout_interval": trial.heldout_interval, "heldout_instances": trial.heldout_instances,
+        "search_interval": trial.search_interval, "noise_log_sd": run.noise, "noise_df": run.noise_df,
+        "greedy_rule": trial.rule, "flips": trial.flips, "calibration": {k: v for k, v in (run.calibration or {}).items()
+                                                                          if k != "engine_defaults"},
         "ppl": trial.ppl, "ppl_change": trial.ppl_change, "baseline_ppl": run.baseline_ppl,
         "greedy_agreement": trial.agreement, "lossless": trial.lossless,
         "ttft_ms": result["bench"]["ttft_ms"], "itl_ms": result["bench"]["itl_ms"],
@@ -47,10 +53,14 @@ def files(run: Run, trial: Trial, result: dict) -> dict[str, tuple[str, bool]]:
 
 
 def message(run: Run, trial: Trial) -> str:
-    head = (f"trial {trial.number}: {trial.tps:.2f} tok/s ({trial.tps_ratio:.3f}x defaults), "
-            f"ppl {trial.ppl:.4f} ({trial.ppl_change:+.2%}), greedy agreement {trial.agreement:.0%}")
-    if trial.heldout_ratio is not None:
-        head += f"; held-out re-check {trial.heldout_ratio:.3f}x"
+    if trial.heldout_ratio is not None and trial.heldout_interval:
+        low, high = trial.heldout_interval
+        claim = f"held-out {trial.heldout_ratio:.3f}x defaults [{low:.3f}, {high:.3f}]; search {trial.tps_ratio:.3f}x"
+    else:
+        claim = f"{trial.tps_ratio:.3f}x defaults on the search prompts"
+    flips = f", {len(trial.flips)} near-tie flip(s)" if trial.flips else ""
+    head = (f"trial {trial.number}: {trial.tps:.2f} tok/s, {claim}, ppl {trial.ppl:.4f} ({trial.ppl_change:+.2%}), "
+            f"greedy agreement {trial.agreement:.0%}{flips}")
     changed = ", ".join(f"{k}={v}" for k, v in trial.params.items())
     body = f"\n\nChanged: {changed}\n" + (f"Why: {trial.rationale}\n" if trial.rationale else "")
     trailers = f"\nAgent-Run: {run.id}\nAgent-Trial: {trial.number}\nAgent-Source: {trial.source}\n"

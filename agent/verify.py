@@ -1,30 +1,37 @@
-"""Re-measure a proposed branch against the defaults, interleaved on fresh server instances.
+"""Re-measure a proposed branch against the defaults, interleaved on fresh server instances, until
+the evidence decides whether its claim holds.
 
-The branch's own serving/results.json says what was served (flags, environment, model, meter);
-the run's baseline row says what the defaults were. Each round starts a fresh server for the
-defaults, then one for the candidate, so drift of the machine hits both alike.
+The branch's own serving/results.json says what was served (flags, environment, model, meter)
+and what it claims (the held-out ratio); the run's first baseline row says what the defaults were.
+Each round starts a fresh server for the defaults, then one for the candidate, so drift of the
+machine hits both alike. After each round the ratio's two-sided 95% interval (Student t on
+server instances, the noise pooled with the run's own instances of the defaults) is compared with
+the claim's tolerance band, claim x (1 +- tolerance):
+- inside the band: the claim holds;
+- clear of the band: it does not;
+- otherwise another round, up to max_rounds; then it says it cannot decide.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import git
 
-from agent.gate import interval
 from agent.ledger import Ledger
+from agent.stats import compare, pooled_noise
+
+HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
 
 
 class VerifyError(ValueError):
     pass
 
 
-def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, rounds: int = 1,
-           split: str = "heldout", say: Callable[[str], None] = print) -> dict:
+def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, max_rounds: int = 4,
+           tolerance: float = 0.05, split: str = "heldout", say: Callable[[str], None] = print) -> dict:
     try:
         claim = json.loads(repo.git.show(f"{branch}:serving/results.json"))
     except git.GitCommandError:
@@ -33,39 +40,44 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
     if run is None:
         raise VerifyError(f"{branch}: run {claim['run']} is not in the ledger")
     base_row = next((t for t in ledger.trials(run.id) if t.source == "baseline"), None)
-    workload = json.loads(json.dumps(claim["meter"]))  # name, version, hash of the meter used
     from sandbox.workload import load_workload
 
-    meter = load_workload(workload["name"]).with_split(split)
-    # Speed only: the branch's quality was measured through its own server and is in its results;
-    # what a reviewer needs re-done on fresh servers and unseen prompts is the speed claim.
-    quality = "none"
+    meter = load_workload(claim["meter"]["name"]).with_split(split)
     inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
+    # Speed only: the branch's quality was measured through its own server and is in its results.
     specs = {
         "defaults": {"model": run.model, "flags": base_row.flags, "env": base_row.env, "workload": inline,
-                     "quality": quality, "repeats": run.settings.get("repeats", 2)},
+                     "quality": "none", "repeats": run.settings.get("repeats", 2)},
         "candidate": {"model": claim["model"], "flags": claim["flags"], "env": claim["env"], "workload": inline,
-                      "quality": quality, "repeats": run.settings.get("repeats", 2)},
+                      "quality": "none", "repeats": run.settings.get("repeats", 2)},
     }
+    claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["tps_ratio"]
+    band = (claimed * (1 - tolerance), claimed * (1 + tolerance))
+    # The run's own instances of the defaults measured the noise: their spread joins this one's.
+    run_defaults = [t.tps for t in ledger.trials(run.id) if t.source in ("baseline", "aa") and t.status == "ok"]
     figures: dict[str, list[float]] = {"defaults": [], "candidate": []}
-    for i in range(rounds):
+    verdict, c = UNDECIDED, None
+    for i in range(max_rounds):
         for name, spec in specs.items():
-            say(f"round {i + 1}/{rounds}: {name} on a fresh server ({split} prompts)")
+            say(f"round {i + 1}/{max_rounds}: {name} on a fresh server ({split} prompts)")
             result = engine.evaluate(spec, out_dir / f"round{i + 1}-{name}", timeout_s=1800)
             if result.get("status") != "ok":
                 failure = result.get("failure") or {}
                 raise VerifyError(f"{name} failed in round {i + 1}: {failure.get('class')}: {failure.get('message')}")
             figures[name].append(result["bench"]["tps"])
-    ratios = [c / d for c, d in zip(figures["candidate"], figures["defaults"])]
-    ratio = math.exp(statistics.fmean(math.log(r) for r in ratios))  # geometric mean of the rounds
-    noise = run.noise or 0.0
-    low, high = interval(ratios, noise)
-    # On held-out prompts the claim to reproduce is the branch's held-out figure, where it has one.
-    claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["tps_ratio"]
+        noise = pooled_noise([run_defaults, figures["defaults"], figures["candidate"]])
+        c = compare(figures["candidate"], figures["defaults"], noise, level=0.975)
+        if band[0] <= c.low and c.high <= band[1]:
+            verdict = HOLDS
+        elif c.high < band[0] or c.low > band[1]:
+            verdict = FAILS
+        else:
+            continue
+        break
     return {
-        "claimed_ratio": claimed, "interval": [round(low, 4), round(high, 4)],
-        "within_interval": low <= claimed <= high,
-        "branch": branch, "split": split, "rounds": rounds, "recorded_ratio": claim["tps_ratio"],
-        "ratio": round(ratio, 4), "ratios": [round(r, 4) for r in ratios],
-        "defaults_tps": figures["defaults"], "candidate_tps": figures["candidate"], "noise": noise,
+        "branch": branch, "split": split, "verdict": verdict, "claimed_ratio": claimed,
+        "band": [round(band[0], 4), round(band[1], 4)], "ratio": round(c.ratio, 4),
+        "interval": [round(c.low, 4), round(c.high, 4)], "rounds": len(figures["candidate"]),
+        "recorded_ratio": claim["tps_ratio"], "defaults_tps": figures["defaults"],
+        "candidate_tps": figures["candidate"], "noise_log_sd": round(noise.sd, 5), "noise_df": noise.df,
     }

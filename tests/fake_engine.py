@@ -7,6 +7,10 @@ the worker's shape, so the loop, gate, ledger and git see what they would see fr
 import time
 
 GREEDY = [[10 + i, 20 + i, 30 + i] for i in range(8)]
+# Each position's top-2, keyed by token id as the worker records them: clear choices everywhere.
+TOPS = [[{str(t): -0.05, str(t + 100): -3.0} for t in g] for g in GREEDY]
+DEFAULTS = {"dtype": ["auto", "bfloat16"], "kv-cache-dtype": ["auto"], "VLLM_CPU_OMP_THREADS_BIND": ["auto"],
+            "speculative-config.method": ["none"], "enforce-eager": [False], "max-num-seqs": None}
 
 
 class FakeEngine:
@@ -19,6 +23,9 @@ class FakeEngine:
         self.calls = 0
         self.slowdown, self.speculation_heldout = slowdown, speculation_heldout
         self.specs = []
+
+    def defaults(self, model, names):
+        return {n: DEFAULTS.get(n) for n in names}
 
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
         self.calls += 1
@@ -49,7 +56,7 @@ class FakeEngine:
             "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps, tps * 1.002, tps * 0.998],
                       "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}},
             "quality": None if spec.get("quality") == "none" else
-                       {"ppl": ppl, "greedy": [{"token_ids": g} for g in greedy]},
+                       {"ppl": ppl, "greedy": [{"token_ids": g, "top_logprobs": t} for g, t in zip(greedy, TOPS)]},
             "metrics": {"kv_cache_usage_max": 0.1}, "timings": {"start_s": 0.01},
             "engine": {"name": "fake", "version": "0"}, "hardware": {"kind": "cpu"},
         }

@@ -66,11 +66,11 @@ def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
     # A branch created just before the crash, its row not yet naming it.
     done = study.ask()
     ledger.add(Trial(run_id="r", number=1, source="sampler", optuna_number=done.number, status="ok", tps=2.0,
-                     gate_passed=True, tps_ratio=2.0))
+                     gate_passed=True, tps_ratio=2.0, constraint=0.0))
     sha = gitops.propose(repo, "agent/r/1", {"a.txt": ("x", False)}, "trial 1\n\nAgent-Run: r\nAgent-Trial: 1\n")
     # A config that passed on search prompts and was killed during its re-check.
     ledger.add(Trial(run_id="r", number=2, source="planner", status="ok", gate_passed=None,
-                     gate_reasons=[recovery.AWAITING_RECHECK]))
+                     decision="awaiting_recheck", gate_reasons=["passed on the search prompts"]))
     # A ref lock git left when it was killed under our prefix.
     lock = Path(repo.git_dir) / "refs" / "heads" / "agent" / "r" / "3.lock"
     lock.write_text("")
@@ -82,10 +82,13 @@ def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
     assert len(fixed) == 6 and not lock.exists()
     rows = {t.number: t for t in ledger.trials("r")}
     assert rows[0].status == "interrupted" and rows[1].branch == "agent/r/1" and rows[1].commit == sha
-    assert rows[2].gate_passed is False and "not committed" in rows[2].gate_reasons[0]
+    assert rows[2].gate_passed is False and rows[2].decision == "refused"
+    assert "not committed" in rows[2].gate_reasons[0]
     told = {t.number: t for t in study.get_trials()}
     assert told[in_flight.number].state == optuna.trial.TrialState.FAIL
-    assert told[done.number].value == 2.0 and told[done.number].user_attrs["constraint"] == [0.0]
+    # Optuna is told the constraint the loop stored in the ledger (through the sampler's constraints
+    # function, as the loop's own tells are), not one re-derived from the reasons.
+    assert told[done.number].value == 2.0 and told[done.number].system_attrs["constraints"] == [0.0]
     assert recovery.problems(ledger, ledger.run("r"), storage, repo) == []
 
 

@@ -47,10 +47,17 @@ def test_rules_and_bounds():
     assert space.problems({"enforce-eager": "yes"}) == ["enforce-eager: 'yes' is not true or false"]
 
 
-def test_lossless_claims():
-    space = spaces.load("vllm-cpu")
-    assert space.lossless({"max-num-seqs": 4, "enforce-eager": True})
-    assert not space.lossless({"max-num-seqs": 4, "kv-cache-dtype": "fp8_e5m2"})
+def test_lossless_claims_count_only_knobs_that_differ_from_the_engine_defaults():
+    space = spaces.load("vllm-cpu", cpu_flags={"avx512f"})
+    defaults = {"dtype": ["auto", "bfloat16"], "kv-cache-dtype": ["auto"], "max-num-seqs": None}
+    assert space.lossless({"max-num-seqs": 4, "enforce-eager": True}, defaults)
+    assert not space.lossless({"max-num-seqs": 4, "kv-cache-dtype": "fp8_e5m2"}, defaults)
+    # A sampled point names every knob: lossy knobs left at their defaults change nothing.
+    assert space.lossless({"max-num-seqs": 4, "kv-cache-dtype": "auto", "dtype": "bfloat16"}, defaults)
+    assert not space.lossless({"dtype": "float32"}, defaults)
+    # A default that could not be read counts as a change.
+    assert not space.lossless({"kv-cache-dtype": "auto"}, {})
+    assert space.changed({"max-num-seqs": 4, "dtype": "bfloat16"}, defaults) == ["max-num-seqs"]
 
 
 @pytest.mark.parametrize("body, needle", [

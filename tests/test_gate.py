@@ -1,0 +1,178 @@
+"""The gate's rules, deterministic: greedy equivalence up to near-ties, the A/A check, the
+sequential held-out decision, and the statistics under them."""
+
+import math
+
+import pytest
+
+from agent import gate
+from agent.gate import Calibration, GateSettings, Instance, MeasureFailed, baseline_of, check, decide, judge_aa
+from agent.stats import compare, pooled_noise, t_quantile
+
+IDS = [[10 + p, 20 + p, 30 + p, 40 + p] for p in range(8)]
+
+
+def tops(ids, tie_at=None, margin=0.125):
+    """Each position's top-2 by token id; at tie_at (prompt, position) the runner-up is margin below."""
+    out = []
+    for p, g in enumerate(ids):
+        row = [{str(t): -0.05, str(t + 100): -3.0} for t in g]
+        if tie_at and tie_at[0] == p:
+            at = tie_at[1]
+            row[at] = {str(g[at]): -1.0, str(g[at] + 100): -1.0 - margin}
+        out.append(row)
+    return out
+
+
+def greedy(ids, tie_at=None, margin=0.125, take_runner_up=False):
+    ids = [list(g) for g in ids]
+    if take_runner_up:
+        ids[tie_at[0]][tie_at[1]] += 100
+    return {"ids": ids, "tops": tops(ids, tie_at, margin)}
+
+
+def result(tps, g, ppl=8.0, ttft=50.0):
+    return {"status": "ok", "bench": {"tps": tps, "errors": 0, "ttft_ms": {"p99": ttft}, "itl_ms": {"p99": 40.0}},
+            "quality": {"ppl": ppl, "greedy": [{"token_ids": i, "top_logprobs": t} for i, t in zip(g["ids"], g["tops"])]}}
+
+
+def steady_base(n=3, tps=(10.0, 10.3, 9.8), g=None):
+    g = g or greedy(IDS)
+    return baseline_of([Instance(t, t * 0.97, 8.0, g) for t in tps[:n]], GateSettings())
+
+
+def test_t_quantiles_match_the_tables():
+    assert t_quantile(0.975, 1) == pytest.approx(12.706, abs=1e-3)
+    assert t_quantile(0.975, 2) == pytest.approx(4.303, abs=1e-3)
+    assert t_quantile(0.95, 5) == pytest.approx(2.015, abs=5e-3)
+    assert t_quantile(0.975, 10) == pytest.approx(2.228, abs=5e-3)
+    assert t_quantile(0.99, 30) == pytest.approx(2.457, abs=5e-3)
+
+
+def test_noise_is_pooled_on_the_log_scale_over_groups_and_bounds_widen_with_it():
+    noise = pooled_noise([[10.0, 11.0], [20.0, 22.0, 21.0], [5.0]])
+    assert noise.df == 3 and 0.04 < noise.sd < 0.08
+    assert pooled_noise([[10.0]]).df == 0
+    tight = compare([13.0], [10.0, 10.1, 9.9], pooled_noise([[10.0, 10.1, 9.9]]))
+    loose = compare([13.0], [10.0, 11.0, 9.0], pooled_noise([[10.0, 11.0, 9.0]]))
+    assert tight.low > 1.2 and loose.low < tight.low and tight.ratio == pytest.approx(1.3, rel=1e-3)
+    # No degrees of freedom: no estimate of the noise, so no bound is claimed.
+    assert compare([13.0], [10.0], pooled_noise([[10.0]])).low == 0.0
+
+
+def test_near_tie_flips_within_tau_are_numerics_and_accepted_as_lossless():
+    ref = greedy(IDS, tie_at=(3, 2), margin=0.05)
+    base = steady_base(g=ref)
+    assert base.calibration.tau == gate.TAU_FLOOR and base.calibration.flips_allowed == 2
+    near = greedy(IDS, tie_at=(3, 2), margin=0.05, take_runner_up=True)
+    verdict = check(result(14.0, near), base, lossless=True)
+    assert verdict.passed, verdict.reasons
+    (flip,) = verdict.flips
+    assert (flip.prompt, flip.position, flip.reference, flip.candidate) == (3, 2, 33, 133)
+    assert flip.margin == pytest.approx(0.05) and flip.within(base.calibration.tau)
+
+
+def test_a_flip_at_a_clear_margin_is_refused_naming_prompt_position_tokens_and_margin():
+    ref = greedy(IDS, tie_at=(3, 2), margin=0.9)
+    base = steady_base(g=ref)
+    flipped = greedy(IDS, tie_at=(3, 2), margin=0.9, take_runner_up=True)
+    verdict = check(result(14.0, flipped), base, lossless=True)
+    assert not verdict.passed and not verdict.quality_ok
+    assert "prompt 3, position 2: token 133 instead of 33, 0.900 nats below" in verdict.reasons[0]
+    # A token outside the reference's top-k is a clear flip too.
+    outside = greedy(IDS)
+    outside["ids"][5][1] = 999
+    verdict = check(result(14.0, outside), base, lossless=True)
+    assert "outside the top-k" in verdict.reasons[0]
+    # A lossy config is not held to greedy equivalence (perplexity still is).
+    assert check(result(14.0, outside), base, lossless=False).passed
+
+
+def test_a_config_that_flips_every_near_tie_is_not_lossless():
+    ids = IDS
+    ref = {"ids": ids, "tops": [[{str(t): -1.0, str(t + 100): -1.02} for t in g] for g in ids]}
+    base = steady_base(g=ref)
+    every = {"ids": [[g[0] + 100] + g[1:] for g in ids], "tops": ref["tops"]}
+    verdict = check(result(14.0, every), base, lossless=True)
+    assert not verdict.passed and "8 of 8 prompts flip at near-ties" in verdict.reasons[0]
+
+
+def test_tau_is_calibrated_from_the_defaults_own_flips_with_a_floor_and_a_cap():
+    ref = greedy(IDS, tie_at=(2, 1), margin=0.1)
+    other = greedy(IDS, tie_at=(2, 1), margin=0.1, take_runner_up=True)
+    cal = gate.calibrate(ref, [other])
+    assert cal.tau == pytest.approx(0.2) and cal.flips_allowed == 1 + gate.flip_allowance(1)
+    wide = gate.calibrate(greedy(IDS, tie_at=(2, 1), margin=0.3),
+                          [greedy(IDS, tie_at=(2, 1), margin=0.3, take_runner_up=True)])
+    assert wide.tau == gate.TAU_CAP
+    assert gate.calibrate(ref, [ref]).tau == gate.TAU_FLOOR
+    exact = gate.calibrate(ref, [other], exact=True)
+    assert exact.rule == "exact" and exact.tau == 0.0
+
+
+def test_the_exact_rule_refuses_any_divergence():
+    ref = greedy(IDS, tie_at=(3, 2))
+    base = baseline_of([Instance(t, t, 8.0, ref) for t in (10.0, 10.3, 9.8)], GateSettings(exact=True))
+    near = greedy(IDS, tie_at=(3, 2), margin=0.01, take_runner_up=True)
+    verdict = check(result(14.0, near), base, lossless=True, settings=GateSettings(exact=True))
+    assert not verdict.passed and "exact rule" in verdict.reasons[0]
+
+
+def test_aa_passes_on_a_steady_engine_and_is_reported_when_it_fails():
+    base = steady_base()
+    fine = judge_aa(Instance(10.1, 9.8, 8.0, greedy(IDS)), base, GateSettings())
+    assert fine.passed and fine.line.startswith("A/A check: no loss, no gain") and not fine.add_instances
+    # A near-tie flip wider than tau: tau widens to cover it (up to the cap), and the run says so.
+    tie = greedy(IDS, tie_at=(1, 1), margin=0.2)
+    base = steady_base(g=tie)
+    widened = judge_aa(Instance(10.1, 9.8, 8.0, greedy(IDS, tie_at=(1, 1), margin=0.2, take_runner_up=True)),
+                       base, GateSettings())
+    assert not widened.passed and "tau widened to 0.200" in widened.line and widened.calibration.tau == 0.2
+    # The defaults called faster than themselves: more instances of them before any candidate.
+    fast = judge_aa(Instance(14.0, 13.0, 8.0, greedy(IDS)), steady_base(), GateSettings())
+    assert not fast.passed and fast.add_instances and "faster than themselves" in fast.line
+    assert gate.more_defaults_wanted(steady_base(), fast, 0, GateSettings())
+
+
+def test_a_straddling_interval_measures_more_instances_then_decides():
+    base = steady_base(tps=(10.0, 10.6, 9.5))
+    measured = {"candidate": 0, "defaults": 0}
+
+    def more(kind, value):
+        def measure():
+            measured[kind] += 1
+            return value
+        return measure
+
+    # A first held-out instance that alone cannot tell 1.12x from 1.0x on this noise...
+    decision = decide(11.2, base, GateSettings(), more("candidate", 11.6), more("defaults", 9.9))
+    assert measured["candidate"] >= 1 and len(decision.candidate) == 1 + measured["candidate"]
+    assert measured["defaults"] == len(decision.extra_defaults)
+    # ...is decided once more instances are in: here accepted, with the bound that cleared.
+    assert decision.accepted and decision.comparison.low > 1 and "clears 1.000" in decision.reasons[0]
+    # A config without a gain is refused, after few instances.
+    none = decide(9.5, base, GateSettings(), lambda: 9.6, lambda: 9.8)
+    assert not none.accepted and len(none.candidate) < 4 and "favours no gain" in none.reasons[0]
+    # Once the candidate has as many instances as the defaults, both get more: balanced arms.
+    measured.update(candidate=0, defaults=0)
+    slow = decide(10.3, base, GateSettings(max_instances=6), more("candidate", 10.9), more("defaults", 10.0))
+    assert measured["defaults"] == len(slow.extra_defaults) >= 1 and len(slow.candidate) >= 4
+    # A failed instance ends the decision with its reason.
+
+    def broken():
+        raise MeasureFailed("a held-out instance failed: crashed")
+
+    failed = decide(11.2, base, GateSettings(), broken, lambda: 10.0)
+    assert not failed.accepted and "crashed" in failed.reasons[0]
+
+
+def test_constraint_is_infeasible_for_quality_refusals_and_feasible_for_slow_configs():
+    base = steady_base()
+    slow = check(result(9.0, greedy(IDS)), base, lossless=True)
+    assert not slow.passed and slow.quality_ok and gate.constraint(slow, result(9.0, greedy(IDS)), GateSettings()) == 0
+    worse = check(result(14.0, greedy(IDS), ppl=9.0), base, lossless=True)
+    assert gate.constraint(worse, result(14.0, greedy(IDS), ppl=9.0), GateSettings()) == 1.0
+    slo = GateSettings(ttft_p99_ms_max=100)
+    late = result(14.0, greedy(IDS), ttft=150.0)
+    assert gate.constraint(check(late, base, True, slo), late, slo) == pytest.approx(0.5)
+    assert gate.constraint(check({"status": "failed"}, base, True), {"status": "failed"}, GateSettings()) == 1.0
