@@ -83,11 +83,18 @@ def perplexity(client: httpx.Client, base_url: str, model: str, quality: Quality
                             tokens=total_tokens, windows=len(pieces))
 
 
-TOP_K = 5  # logprobs kept per generated position, for the KL divergence from the baseline
+TOP_K = 5  # logprobs kept per generated position: near-tie margins and the KL divergence from the defaults
+
+
+def _token_id(key: str) -> str | None:
+    """A top-k key as the server sends it with return_tokens_as_token_ids: 'token_id:123' -> '123'.
+    Ids, not texts: two tokens that decode to the same text would collapse into one key."""
+    prefix, _, value = str(key).partition(":")
+    return value if prefix == "token_id" and value.isdigit() else None
 
 
 def _top_logprobs(choice: dict) -> list[dict[str, float]] | None:
-    """Per position, the server's top-k {token text: logprob}; None when it sent none usable."""
+    """Per position, the server's top-k {token id: logprob}; None when it sent none usable."""
     tops = (choice.get("logprobs") or {}).get("top_logprobs")
     if not isinstance(tops, list):
         return None
@@ -95,8 +102,8 @@ def _top_logprobs(choice: dict) -> list[dict[str, float]] | None:
     for top in tops:
         if not isinstance(top, dict):
             return None
-        kept = {str(k): round(float(v), 5) for k, v in top.items()
-                if isinstance(v, (int, float)) and math.isfinite(v)}
+        kept = {i: round(float(v), 5) for k, v in top.items()
+                if (i := _token_id(k)) is not None and isinstance(v, (int, float)) and math.isfinite(v)}
         if not kept:
             return None
         out.append(kept)
@@ -106,10 +113,10 @@ def _top_logprobs(choice: dict) -> list[dict[str, float]] | None:
 def greedy_outputs(client: httpx.Client, base_url: str, model: str, quality: Quality) -> list[dict]:
     """Greedy completions of the comparison prompts: output token ids and each position's top-k logprobs."""
     out = []
-    for item in quality.greedy_prompts:
+    for item in quality.greedy_prompts[:quality.greedy_count or None]:
         r = client.post(f"{base_url}/v1/completions", json={
             "model": model, "prompt": item["prompt"], "max_tokens": quality.greedy_max_tokens,
-            "temperature": 0.0, "return_token_ids": True, "logprobs": TOP_K,
+            "temperature": 0.0, "return_token_ids": True, "logprobs": TOP_K, "return_tokens_as_token_ids": True,
         })
         if r.status_code != 200:
             raise TrialFailure("request_errors", f"greedy request {item['id']} failed: HTTP {r.status_code} {r.text[:300]}")

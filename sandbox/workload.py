@@ -64,6 +64,7 @@ class Quality:
     window_tokens: int
     greedy_prompts: list[dict]
     greedy_max_tokens: int
+    greedy_count: int | None = None    # the first N prompts only (None: all)
 
     def documents(self) -> list[str]:
         """Perplexity documents: the text's paragraphs."""
@@ -132,4 +133,5 @@ def load_quality(name: str = "default") -> Quality:
         window_tokens=int(raw["window_tokens"]),
         greedy_prompts=_read_jsonl(DATA / raw["greedy_prompts"]),
         greedy_max_tokens=int(raw["greedy_max_tokens"]),
+        greedy_count=raw.get("greedy_prompts_used"),
     )

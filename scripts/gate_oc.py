@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent.gate import (GateSettings, Instance, MeasureFailed, baseline_of, check, decide,  # noqa: E402
-                        greedy_of, judge_aa)
+from agent.gate import (GateSettings, Instance, baseline_of, check, decide, greedy_of, judge_aa,  # noqa: E402
+                        more_defaults_wanted)
 from sim_engine import SimulatedEngine  # noqa: E402
-BASELINE_INSTANCES = 2
+from agent.loop import Settings  # noqa: E402
 
 DEFAULTS = {"flags": {}, "env": {}}
 FAST = {"flags": {}, "env": {"GAIN": "on"}}
@@ -46,29 +46,29 @@ def instance(result: dict) -> Instance:
 
 
 def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings, baseline_instances: int) -> tuple[bool, int]:
-    """One decision by agent/gate.py: (accepted, server instances spent on the candidate and extra defaults)."""
+    """One decision by agent/gate.py, in the loop's order: (accepted, server instances spent on the
+    candidate and on instances of the defaults beyond the first baseline ones)."""
     defaults = [instance(measure(engine, DEFAULTS, heldout_bench=True)) for _ in range(baseline_instances)]
-    base = baseline_of(defaults, settings)
+    first = baseline_of(defaults, settings)
     aa = instance(measure(engine, DEFAULTS, heldout_bench=True))
-    verdict = judge_aa(aa, base, settings)
-    spent = 0
+    verdict = judge_aa(aa, first, settings)
     defaults.append(aa)
-    if verdict.add_instances:
+    spent, added = 0, 0
+    while more_defaults_wanted(baseline_of(defaults, settings), verdict, added, settings):
         defaults.append(instance(measure(engine, DEFAULTS, heldout_bench=True)))
-        spent += 1
-    base = baseline_of(defaults, settings)
-    base = replace(base, calibration=verdict.calibration)
+        spent, added = spent + 1, added + 1
+    base = replace(baseline_of(defaults, settings), reference=first.reference, calibration=verdict.calibration)
     result = measure(engine, config)
     spent += 1
     screened = check(result, base, lossless=True, settings=settings)
     if not screened.passed:
         return False, spent
-    first = measure(engine, config, quality=False)["bench"]["tps"]
+    first_heldout = measure(engine, config, quality=False)["bench"]["tps"]
 
     def more(cfg):
         return lambda: measure(engine, cfg, quality=False)["bench"]["tps"]
 
-    decision = decide(first, base, settings, more(config), more(DEFAULTS), screened.tps_ratio)
+    decision = decide(first_heldout, base, settings, more(config), more(DEFAULTS), screened.tps_ratio)
     spent += len(decision.candidate) + len(decision.extra_defaults)
     return decision.accepted, spent
 
@@ -111,35 +111,39 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="gate settings to try instead of the defaults, "
                         "e.g. level=0.99 max_instances=6 baseline_instances=3")
     args = parser.parse_args()
-    settings, instances = GateSettings(), BASELINE_INSTANCES
+    settings, instances = GateSettings(), Settings(model="", workload="").baseline_instances
     for item in args.set:
         key, value = item.split("=")
         if key == "baseline_instances":
             instances = int(value)
         else:
             settings = replace(settings, **{key: type(getattr(settings, key))(value)})
-    print(f"{args.decisions} decisions per cell; greedy flips at near-ties on a quarter of 32 prompts, each "
-          f"instance taking the runner-up half the time; defaults: {instances} baseline instances + the A/A, "
-          f"level {settings.level}, detect {settings.detect:.0%}, at most {settings.max_instances} held-out "
-          f"instances\n")
-    print("| instance noise (log-sd) | truth | gate | accepted | server instances per decision | A/A passes |")
-    print("|---|---|---|---|---|---|")
+    print(f"{args.decisions} decisions per cell; defaults: {instances} baseline instances + the A/A (more while "
+          f"their log-sd is above {settings.noisy}, up to {settings.max_defaults}), level {settings.level}, detect "
+          f"{settings.detect:.0%}, at most {settings.max_instances} held-out instances. Flips: none (the CPU build), "
+          f"or at near-ties on a quarter of 32 prompts, every instance taking the runner-up half the time (the H200)\n")
+    print("| instance noise (log-sd) | greedy flips | truth | gate | accepted | server instances per decision (max) "
+          "| A/A passes |")
+    print("|---|---|---|---|---|---|---|")
     for sd in args.noise:
-        for gain in (1.0, 1.3):
-            truth = "no gain" if gain == 1.0 else "1.3x lossless"
-            for name in ("before", "after"):
-                accepted, spent, aa = 0, [], 0
-                for i in range(args.decisions):
-                    engine = SimulatedEngine(seed=args.seed * 1_000_003 + i, noise=sd, flip_rate=0.5,
-                                             gain={"GAIN=on": gain})
-                    ok, n = old_gate(engine, FAST) if name == "before" else new_gate(engine, FAST, settings, instances)
-                    accepted += ok
-                    spent.append(n)
-                    if gain == 1.0:
-                        aa += old_aa_passes(engine) if name == "before" else new_aa_passes(engine, settings, instances)
-                aa_text = f"{aa / args.decisions:.1%}" if gain == 1.0 else ""
-                print(f"| {sd} | {truth} | {name} | {accepted / args.decisions:.1%} | "
-                      f"{statistics.fmean(spent):.2f} (max {max(spent)}) | {aa_text} |", flush=True)
+        for flips, rate in (("none", 0.0), ("near-ties", 0.5)):
+            for gain in (1.0, 1.3):
+                truth = "no gain" if gain == 1.0 else "1.3x lossless"
+                for name in ("before", "after"):
+                    accepted, spent, aa = 0, [], 0
+                    for i in range(args.decisions):
+                        engine = SimulatedEngine(seed=args.seed * 1_000_003 + i, noise=sd, flip_rate=rate,
+                                                 gain={"GAIN=on": gain})
+                        ok, n = (old_gate(engine, FAST) if name == "before"
+                                 else new_gate(engine, FAST, settings, instances))
+                        accepted += ok
+                        spent.append(n)
+                        if gain == 1.0:
+                            aa += (old_aa_passes(engine) if name == "before"
+                                   else new_aa_passes(engine, settings, instances))
+                    aa_text = f"{aa / args.decisions:.1%}" if gain == 1.0 else ""
+                    print(f"| {sd} | {flips} | {truth} | {name} | {accepted / args.decisions:.1%} | "
+                          f"{statistics.fmean(spent):.2f} ({max(spent)}) | {aa_text} |", flush=True)
 
 
 if __name__ == "__main__":

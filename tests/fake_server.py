@@ -72,7 +72,8 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("return_token_ids"):
             choice["token_ids"] = [7] * body.get("max_tokens", 1)
         if body.get("logprobs"):
-            top = {" word": -0.1, " other": -2.5}
+            top = ({"token_id:7": -0.1, "token_id:8": -2.5} if body.get("return_tokens_as_token_ids")
+                   else {" word": -0.1, " other": -2.5})
             choice["logprobs"] = {"tokens": [" word"] * body.get("max_tokens", 1),
                                   "top_logprobs": [dict(top) for _ in range(body.get("max_tokens", 1))]}
         self.send(200, {"choices": [choice]})

@@ -51,7 +51,10 @@ def test_ok_trial_measures_speed_and_quality_through_the_server(tmp_path, fake_m
     # Every prompt token scores -2.0 in the fake, so the token-weighted PPL is exactly e^2.
     assert result["quality"]["ppl"] == pytest.approx(math.exp(2.0), rel=1e-6)
     assert result["quality"]["ppl_tokens"] > 100
-    assert all(g["token_ids"] == [7] * 32 for g in result["quality"]["greedy"])
+    greedy = result["quality"]["greedy"]
+    assert len(greedy) == 32 and all(g["token_ids"] == [7] * 64 for g in greedy)
+    # Top-k keyed by token id (return_tokens_as_token_ids), not by text that two ids can share.
+    assert greedy[0]["top_logprobs"][0] == {"7": -0.1, "8": -2.5}
     assert result["metrics"]["kv_cache_usage_max"] == 0.25
     assert set(result["timings"]) == {"start_s", "warmup_s", "benchmark_s", "quality_s", "teardown_s"}
     assert_clean(result)

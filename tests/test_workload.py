@@ -5,11 +5,19 @@ import pytest
 from sandbox.workload import DATA, load_quality, load_workload, split_prompts
 
 
-@pytest.mark.parametrize("name", ["challenge", "challenge-cpu", "throughput", "throughput-cpu", "smoke"])
-def test_shipped_profiles_load_with_distinct_hashes(name):
+PROFILES = ["challenge", "challenge-short", "challenge-cpu", "throughput", "throughput-cpu", "smoke"]
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_shipped_profiles_load_greedy_with_their_prompt_count(name):
     workload = load_workload(name)
     assert len(workload.prompts()) == workload.num_prompts
     assert workload.temperature == 0.0 and workload.ignore_eos
+
+
+def test_every_profile_and_split_has_its_own_hash():
+    hashes = [load_workload(n).with_split(s).hash for n in PROFILES for s in ("search", "heldout")]
+    assert len(set(hashes)) == len(hashes) == 2 * len(PROFILES)
 
 
 def test_challenge_meter_is_the_challenge_shape():
@@ -50,12 +58,16 @@ def test_bad_profiles_are_refused_naming_the_field(bad, needle):
 
 def test_quality_set_has_documents_and_comparison_prompts():
     q = load_quality()
-    assert len(q.documents()) == 4 and len(q.greedy_prompts) == 8 and q.window_tokens == 512
+    assert len(q.documents()) == 4 and q.window_tokens == 512
+    # GPU hosts: at least 32 greedy prompts x 64 tokens; the CPU's quick set keeps 8 x 24.
+    assert len(q.greedy_prompts) >= 32 and q.greedy_count is None and q.greedy_max_tokens >= 64
+    assert len({p["id"] for p in q.greedy_prompts}) == len(q.greedy_prompts)
 
 
 def test_quick_quality_set_is_a_prefix_of_the_default_one():
     quick, full = load_quality("quick"), load_quality("default")
     assert quick.documents() == full.documents()[:2] and quick.greedy_max_tokens == 24
+    assert quick.greedy_count == 8 and quick.greedy_prompts[:8] == full.greedy_prompts[:8]
     assert quick.hash != full.hash
     with pytest.raises(ValueError, match="'fast' is not shipped"):
         load_quality("fast")
