@@ -1,6 +1,6 @@
 """The agent's meter against vLLM's own `vllm bench serve`, interleaved on one server.
 
-    .venv/bin/python scripts/meter_vs_vllm_bench.py --pairs 5
+    .venv/bin/python scripts/meter_vs_vllm_bench.py --pairs 8 --arms agent,vllm,v1
 
 Starts ONE vLLM server with the CPU space's fixed flags and environment
 (search_space/vllm-cpu.yaml: max-model-len 2048, VLLM_CPU_KVCACHE_SPACE=2,
@@ -15,7 +15,8 @@ so that drift hits all arms alike:
   `--temperature 0`, `--max-concurrency` = the workload's concurrency, request rate inf, no
   warm-ups (the server is warm); its figures are read from `--save-result` JSON;
 - `bare` (experiment): `sandbox.bench.run_prompts` without the metrics sampler;
-- `v1` (experiment): the agent's meter with sandbox/bench.py as committed at `--rev` (httpx);
+- `v1` (experiment): the agent's meter with sandbox/bench.py as committed at `--rev` (default aa1c0fb,
+  the last httpx meter, meter_version 1);
 - `deferred` (experiment): the agent's meter with the sampler's parsing moved after the phase.
 
 What each meter counts (the definitions, from the code):
@@ -34,8 +35,10 @@ What each meter counts (the definitions, from the code):
 
 Both count the same tokens here (64 per request, checked per round) and time the same span; the
 script records, per measurement, the client's own CPU seconds in the measured phase, the server
-processes' CPU seconds (API server and engine core), the sum of per-request latencies and the
-gaps between requests, so a difference can be traced to its cause.
+processes' CPU seconds (API server and engine core), the CPU seconds of everything else on the
+host ("other": a neighbour's tests, say, which a 2-core host feels at once), the mean TTFT and
+inter-token latency, and the sum of per-request latencies (wall minus that sum is the time
+between requests), so a difference can be traced to its cause.
 
 Writes rounds.jsonl, the table and the server log under runs/meter-vs-bench/<stamp>/. The
 server's whole process group is torn down on any exit, error or signal included.
@@ -73,6 +76,7 @@ from sandbox.workload import load_workload  # noqa: E402
 # its placeholder fails the same way): the same rows, in file order (--disable-shuffle).
 BENCH_WRAPPER = r"""
 import json, sys, time
+import psutil
 from vllm.benchmarks import serve
 from vllm.benchmarks.datasets import datasets
 def load_data(self):
@@ -80,17 +84,29 @@ def load_data(self):
         self.data = [json.loads(line) for line in f if line.strip()]
     assert getattr(self, "disable_shuffle", False)
 datasets.CustomDataset.load_data = load_data
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-cpu_out = sys.argv.pop(1)
+cpu_out, server_pid = sys.argv.pop(1), int(sys.argv.pop(1))
+def server_cpu():
+    root = psutil.Process(server_pid)
+    out = {"api_server": 0.0, "engine": 0.0}
+    for p in [root, *root.children(recursive=True)]:
+        t = p.cpu_times()
+        out["api_server" if p.pid == server_pid else "engine"] += t.user + t.system
+    return out
+def host_busy():
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - sum(getattr(t, k, 0.0) for k in ("iowait", "guest", "guest_nice"))
 inner = serve.benchmark
 async def timed(*a, **k):
-    c0, w0 = time.process_time(), time.perf_counter()
+    c0, w0, s0, h0 = time.process_time(), time.perf_counter(), server_cpu(), host_busy()
     try:
         return await inner(*a, **k)
     finally:
+        c1, w1, s1, h1 = time.process_time(), time.perf_counter(), server_cpu(), host_busy()
         with open(cpu_out, "w") as f:
-            json.dump({"client_cpu_s": time.process_time() - c0, "span_s": time.perf_counter() - w0}, f)
+            json.dump({"client_cpu_s": c1 - c0, "span_s": w1 - w0, "host_busy_s": h1 - h0,
+                       "server_cpu_s": {k: s1[k] - s0[k] for k in s1}}, f)
 serve.benchmark = timed
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 p = FlexibleArgumentParser()
 serve.add_cli_args(p)
 serve.main(p.parse_args())
@@ -127,15 +143,15 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
 
 
+def host_busy() -> float:
+    """CPU seconds the whole host has been busy (all cores, idle and iowait excluded)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - sum(getattr(t, k, 0.0) for k in ("iowait", "guest", "guest_nice"))
+
+
 def own_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def request_spans(starts: list[float], latencies: list[float], wall: float) -> dict:
-    """Sum of per-request latencies and the wall time not covered by any request (concurrency 1)."""
-    busy = sum(latencies)
-    return {"latency_sum_s": round(busy, 3), "uncovered_s": round(wall - busy, 3)}
 
 
 def committed_bench(rev: str):
@@ -181,7 +197,7 @@ def run_agent(server: Server, workload, timeout_s: float, sampler: bool, meter=N
               sampler_class=None) -> dict:
     """The agent's meter through sandbox.worker._measure (sampler=True) or run_prompts alone;
     meter swaps the bench module (the committed one for arm v1), sampler_class the sampler."""
-    cpu0, srv0 = own_cpu(), server_cpu(server)
+    cpu0, srv0, host0 = own_cpu(), server_cpu(server), host_busy()
     if sampler:
         saved = worker.bench, metrics.Sampler
         worker.bench, metrics.Sampler = meter or bench, sampler_class or saved[1]
@@ -193,19 +209,20 @@ def run_agent(server: Server, workload, timeout_s: float, sampler: bool, meter=N
         results, wall = asyncio.run(bench.run_prompts(server.base_url, server.model_name, workload.prompts(),
                                                       workload, timeout_s))
         result, explained = bench.summarize(results, wall, workload), None
-    cpu1, srv1 = own_cpu(), server_cpu(server)
+    cpu1, srv1, host1 = own_cpu(), server_cpu(server), host_busy()
     return {"tps": result.tps, "tokens": result.output_tokens, "wall_s": result.wall_s,
             "requests": result.requests, "errors": result.errors, "short": result.short_outputs,
             "ttft_ms_mean": result.ttft_ms.get("mean"), "itl_ms_mean": result.itl_ms.get("mean"),
             "latency_sum_s": round(result.latency_ms.get("mean", 0) * result.requests / 1000, 3),
             "client_cpu_s": round(cpu1 - cpu0, 3), "server_cpu_s": delta(srv1, srv0),
+            "foreign_cpu_s": round((host1 - host0) - (cpu1 - cpu0) - sum(srv1.values()) + sum(srv0.values()), 3),
             "metrics_samples": explained.get("samples") if explained else None}
 
 
 def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, timeout_s: float) -> dict:
     name = f"vllm-{tag}.json"
     cpu_file = out_dir / f"vllm-{tag}.cpu.json"
-    argv = [sys.executable, "-c", BENCH_WRAPPER, str(cpu_file),
+    argv = [sys.executable, "-c", BENCH_WRAPPER, str(cpu_file), str(server.proc.pid),
             "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", server.base_url,
             "--model", server.model_name, "--tokenizer", server.model_name,
             "--dataset-name", "custom", "--dataset-path", str(jsonl), "--skip-chat-template",
@@ -214,25 +231,14 @@ def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, tim
             "--request-rate", "inf", "--num-warmups", "0", "--temperature", str(workload.temperature),
             *(["--ignore-eos"] if workload.ignore_eos else []), "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(out_dir), "--result-filename", name]
-    srv_cpu = {}
     with open(out_dir / f"vllm-{tag}.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
                                      "PYTHONUNBUFFERED": "1"})
         try:
-            # The server's CPU is sampled around the benchmark's own span: from the moment the
-            # first request reaches the server until the client exits (import time excluded).
-            srv0 = None
-            deadline = time.monotonic() + timeout_s
-            while proc.poll() is None and time.monotonic() < deadline:
-                if srv0 is None and (out_dir / f"vllm-{tag}.log").read_text(errors="replace").count(
-                        "Starting main benchmark run"):
-                    srv0 = server_cpu(server)
-                time.sleep(0.05)
-            if proc.poll() is None:
-                raise RuntimeError(f"vllm bench serve did not finish in {timeout_s:.0f} s")
-            if srv0 is not None:
-                srv_cpu = delta(server_cpu(server), srv0)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"vllm bench serve did not finish in {timeout_s:.0f} s") from None
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -249,7 +255,9 @@ def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, tim
             "short": sum(1 for n in data["output_lens"] if workload.ignore_eos and n != workload.max_tokens),
             "ttft_ms_mean": round(data["mean_ttft_ms"], 2), "itl_ms_mean": round(data["mean_itl_ms"], 2),
             "latency_sum_s": round(sum(lat), 3), "client_cpu_s": round(cpu["client_cpu_s"], 3),
-            "server_cpu_s": srv_cpu, "metrics_samples": None}
+            "server_cpu_s": {k: round(v, 3) for k, v in cpu["server_cpu_s"].items()},
+            "foreign_cpu_s": round(cpu["host_busy_s"] - cpu["client_cpu_s"] - sum(cpu["server_cpu_s"].values()), 3),
+            "metrics_samples": None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default="agent,vllm",
                         help="comma-separated: agent, bare, vllm; v1 (the committed meter at --rev) and "
                              "deferred (metrics parsed after the phase) are experiments")
-    parser.add_argument("--rev", default="HEAD", help="the commit whose sandbox/bench.py arm v1 runs")
+    parser.add_argument("--rev", default="aa1c0fb", help="the commit whose sandbox/bench.py arm v1 runs "
+                        "(default: the last one with the httpx meter, meter_version 1)")
     parser.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
     parser.add_argument("--workload", default="challenge-cpu")
     parser.add_argument("--space", type=Path, default=ROOT / "search_space" / "vllm-cpu.yaml")
@@ -341,7 +350,7 @@ def render(rows: list[dict], arms: list[str]) -> str:
     others = [a for a in arms if a != "vllm"]
     head = ["round", "order"]
     for a in arms:
-        head += [f"{a} tok/s", f"{a} wall s", f"{a} client CPU s", f"{a} API-server CPU s"]
+        head += [f"{a} tok/s", f"{a} wall s", f"{a} client CPU s", f"{a} API-server CPU s", f"{a} other CPU s"]
     head += [f"{a}/vllm" for a in others]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -349,7 +358,7 @@ def render(rows: list[dict], arms: list[str]) -> str:
         for a in arms:
             m = r[a]
             cells += [f"{m['tps']:.2f}", f"{m['wall_s']:.2f}", f"{m['client_cpu_s']:.2f}",
-                      f"{m['server_cpu_s'].get('api_server', float('nan')):.2f}"]
+                      f"{m['server_cpu_s'].get('api_server', float('nan')):.2f}", f"{m.get('foreign_cpu_s', float('nan')):.2f}"]
         cells += [f"{r[f'ratio_{a}']:.3f}" for a in others]
         lines.append("| " + " | ".join(cells) + " |")
     if rows:
@@ -358,7 +367,8 @@ def render(rows: list[dict], arms: list[str]) -> str:
             cells += [f"{statistics.fmean(r[a]['tps'] for r in rows):.2f}",
                       f"{statistics.fmean(r[a]['wall_s'] for r in rows):.2f}",
                       f"{statistics.fmean(r[a]['client_cpu_s'] for r in rows):.2f}",
-                      f"{statistics.fmean(r[a]['server_cpu_s'].get('api_server', 0) for r in rows):.2f}"]
+                      f"{statistics.fmean(r[a]['server_cpu_s'].get('api_server', 0) for r in rows):.2f}",
+                      f"{statistics.fmean(r[a].get('foreign_cpu_s', 0) for r in rows):.2f}"]
         cells += [f"{statistics.fmean(r[f'ratio_{a}'] for r in rows):.3f}" for a in others]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
