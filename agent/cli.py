@@ -293,25 +293,38 @@ def _close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None
     ledger.update(run_row, status=status, finished_at=ledgers.utcnow())
 
 
+def _claim(t: ledgers.Trial) -> str:
+    """A branch's claim as the morning reader needs it: held-out ratio and bounds, search ratio beside."""
+    if t.heldout_ratio is not None and t.heldout_interval:
+        return f"{t.heldout_ratio:.3f}x held-out [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}], " \
+               f"{t.tps_ratio:.3f}x search"
+    return f"{t.tps_ratio:.3f}x search"
+
+
 def _summary(ledger: ledgers.Ledger, run_id: str) -> None:
     trials = ledger.trials(run_id)
     accepted = [t for t in trials if t.branch]
     failed = [t for t in trials if t.status == "failed"]
     run_row = ledger.run(run_id)
     console.print(f"finished: run {run_id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
-                  f"baseline {run_row.baseline_tps:.2f} tok/s (noise ±{run_row.noise:.1%})")
-    for t in sorted(accepted, key=lambda t: -t.tps):
-        console.print(f"  {t.branch}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x), ppl {t.ppl_change:+.2%}")
+                  f"baseline {run_row.baseline_tps:.2f} tok/s (noise ±{run_row.noise:.1%} log-sd, "
+                  f"{run_row.noise_df} df)", highlight=False)
+    for t in sorted(accepted, key=lambda t: -(t.heldout_ratio or t.tps_ratio)):
+        console.print(f"  {t.branch}: {t.tps:.2f} tok/s, {_claim(t)}, ppl {t.ppl_change:+.2%}", highlight=False)
 
 
 @app.command()
 def branches(run_id: str = typer.Option(None, "--run", help="Only this run.")) -> None:
     """Proposed branches, best first, with TPS, ratio to defaults, PPL change and greedy agreement."""
-    rows = sorted((t for t in open_ledger().trials(run_id) if t.branch), key=lambda t: -(t.tps_ratio or 0))
-    table = Table("branch", "tok/s", "vs defaults", "ppl change", "agreement", "lossless", "source", "commit")
+    rows = sorted((t for t in open_ledger().trials(run_id) if t.branch),
+                  key=lambda t: -(t.heldout_ratio or t.tps_ratio or 0))
+    table = Table("branch", "tok/s", "claim (held-out vs defaults, bounds)", "search", "ppl change", "agreement",
+                  "near-tie flips", "rule", "source", "commit")
     for t in rows:
-        table.add_row(t.branch, f"{t.tps:.2f}", f"{t.tps_ratio:.3f}x", f"{t.ppl_change:+.2%}",
-                      f"{t.agreement:.0%}", "yes" if t.lossless else "no", t.source, (t.commit or "")[:10])
+        held = (f"{t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
+                if t.heldout_ratio is not None and t.heldout_interval else "")
+        table.add_row(t.branch, f"{t.tps:.2f}", held, f"{t.tps_ratio:.3f}x", f"{t.ppl_change:+.2%}",
+                      f"{t.agreement:.0%}", str(len(t.flips or [])), t.rule or "", t.source, (t.commit or "")[:10])
     out.print(table if rows else "no proposals yet")
 
 
@@ -376,8 +389,14 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     say(f"  {row.model} on {row.engine} {row.engine_version}, {row.hardware.get('cpu')} "
               f"({row.hardware.get('cpus')} cores{', ' + ', '.join(row.hardware['gpus']) if row.hardware.get('gpus') else ''})")
     if row.baseline_tps:
-        say(f"  baseline {row.baseline_tps:.2f} tok/s, noise ±{row.noise:.1%}, ppl {row.baseline_ppl:.4f}; "
-                  f"workload {row.workload}")
+        say(f"  baseline {row.baseline_tps:.2f} tok/s, noise ±{row.noise:.1%} log-sd ({row.noise_df} df), "
+            f"ppl {row.baseline_ppl:.4f}; workload {row.workload}")
+    cal = row.calibration or {}
+    if "rule" in cal:
+        say(f"  greedy rule {cal['rule']}: tau {cal['tau']:.3f} nats, up to {cal['flips_allowed']} near-tie flips, "
+            f"KL up to {cal['kl_bound']:.4f} ({cal['reason']})")
+    if cal.get("aa"):
+        say(f"  {cal['aa']}")
     say(f"  {len(trials)} trials: {by('status')}; sources: {by('source')}")
     failures = [t.failure_class for t in trials if t.failure_class and t.status == "failed"]
     if failures:
@@ -388,11 +407,12 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     drift = [t for t in trials if t.source == "drift"]
     if drift:
         say(f"  drift checks: {', '.join(f'{t.tps_ratio:.3f}x' for t in drift if t.tps_ratio)}")
-    accepted = sorted((t for t in trials if t.branch), key=lambda t: -(t.tps_ratio or 0))
+    accepted = sorted((t for t in trials if t.branch), key=lambda t: -(t.heldout_ratio or t.tps_ratio or 0))
     for t in accepted:
-        held = f", held-out {t.heldout_ratio:.3f}x" if t.heldout_ratio else ""
-        say(f"  {t.branch}: {t.tps_ratio:.3f}x{held}, ppl {t.ppl_change:+.2%} [{t.source}] "
-                  f"{', '.join(f'{k}={v}' for k, v in t.params.items())}")
+        say(f"  {t.branch}: {_claim(t)}, ppl {t.ppl_change:+.2%}, {len(t.flips or [])} near-tie flip(s) "
+            f"[{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
+    for t in (t for t in trials if t.decision == "dominated"):
+        say(f"  trial {t.number} dominated (not branched): {_claim(t)}: {t.gate_reasons[-1]}")
     if not accepted:
         say("  no accepted config yet")
 
@@ -444,7 +464,7 @@ def ledger_list(
         out.print_json(ledgers.to_json(rows))
         return
     columns = ["run_id", "number", "source", "status", "failure_class", "tps", "drift", "tps_ratio", "heldout_ratio",
-               "ppl", "ppl_change", "agreement", "gate_passed", "branch"]
+               "ppl", "ppl_change", "agreement", "decision", "branch"]
     if as_csv:
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)

@@ -103,10 +103,12 @@ def test_cli_reads_the_ledger(night, monkeypatch):
     result = runner.invoke(app, ["branches", "--run", "r1"])
     assert result.exit_code == 0 and "agent/r1/" in result.stdout
     result = runner.invoke(app, ["report", "--run", "r1"])
-    best = max((t for t in ledger.trials("r1") if t.branch), key=lambda t: t.tps_ratio)
+    best = max((t for t in ledger.trials("r1") if t.branch), key=lambda t: t.heldout_ratio)
     assert result.exit_code == 0 and "run r1: finished" in result.stdout
     assert ("failures:" in result.stdout) == any(t.status == "failed" for t in ledger.trials("r1"))
-    assert f"{best.branch}: {best.tps_ratio:.3f}x" in result.stdout
+    low, high = best.heldout_interval
+    assert f"{best.branch}: {best.heldout_ratio:.3f}x held-out [{low:.3f}, {high:.3f}]" in result.stdout
+    assert "A/A check: no loss, no gain" in result.stdout and "greedy rule calibrated: tau" in result.stdout
 
 
 class StopAt(FakeEngine):
