@@ -74,7 +74,7 @@ class BuiltinPlanner:
     name = "builtin"
 
     def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
-        ok = [t for t in history if t.status == "ok"]
+        ok = [t for t in history if t.status == "ok" and t.source != "extra"]  # extra: held-out speed only
         accepted = [t for t in ok if t.gate_passed]
         best = max(accepted, key=lambda t: t.tps or 0, default=None)
         start = dict(best.params) if best else {}
