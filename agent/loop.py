@@ -1,7 +1,9 @@
-"""The overnight loop: baseline first, then ask Optuna, run, gate, record, propose, until the deadline.
+"""The overnight loop: the defaults and the A/A check first, then ask Optuna, run, gate, decide,
+record, propose, until the deadline.
 
-Data flows one way: study (what to try) -> worker (a real server measures it) -> gate (is it
-better and no worse) -> ledger (every trial, failures included) -> git (accepted ones only).
+Data flows one way: study (what to try) -> worker (a real server measures it) -> gate (no worse,
+and faster on fresh instances and held-out prompts) -> ledger (every trial, failures included) ->
+git (accepted, undominated configs only).
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from typing import Protocol
 
 import optuna
 
-from agent import gitops, proposal
+from agent import gate, gitops, proposal
 from agent.budget import seconds_left
-from agent import gate
 from agent.gate import Baseline, GateSettings, Instance, MeasureFailed
 from agent.ledger import Ledger, RangeChange, Repeat, Run, Trial, utcnow
 from agent.planner import BuiltinPlanner, Planner
