@@ -38,12 +38,12 @@ class GateSettings:
     kl_max: float | None = None        # optional: mean KL divergence (nats) from the defaults' top-k
     ttft_p99_ms_max: float | None = None   # SLO bounds: a faster config that breaks one is refused
     itl_p99_ms_max: float | None = None
-    level: float = 0.99                # one-sided level of each bound, per look of the sequential test
+    level: float = 0.985               # one-sided level of each bound, per look of the sequential test
     detect: float = 0.10               # the gain the test is sized for: refused once the bounds exclude it
     max_instances: int = 10            # fresh candidate instances at most in one held-out decision
     exact: bool = False                # greedy outputs must match token for token (batch-invariant mode)
     noisy: float = 0.06                # instance log-sd above which the defaults get more instances...
-    max_defaults: int = 8              # ...up to this many (the baseline's, the A/A's and later ones)
+    max_defaults: int = 6              # ...up to this many (the baseline's, the A/A's and later ones)
 
 
 # ---- 1. No worse: greedy equivalence up to numerics ----------------------------------------
