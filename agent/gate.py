@@ -437,8 +437,9 @@ def judge_aa(aa: Instance, base: Baseline, settings: GateSettings) -> AAVerdict:
         notes.append(f"the speed rule calls the defaults {'faster' if faster else 'slower'} than themselves "
                      f"({speed.ratio:.3f}x [{speed.low:.3f}, {speed.high:.3f}]); adding baseline instances")
     passed = not notes
-    line = ("A/A check: no loss, no gain" if passed else "A/A check failed: " + "; ".join(notes)) + \
-        f" ({speed.ratio:.3f}x [{speed.low:.3f}, {speed.high:.3f}], {len(found)} flip(s), tau {cal.tau:.3f})"
+    line = (f"A/A check: no loss, no gain ({speed.ratio:.3f}x [{speed.low:.3f}, {speed.high:.3f}], "
+            f"{len(found)} flip(s), tau {cal.tau:.3f})" if passed else
+            f"A/A check failed: {'; '.join(notes)} ({len(found)} flip(s), tau {cal.tau:.3f})")
     return AAVerdict(passed, line, speed, found, cal, faster or slower)
 
 

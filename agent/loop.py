@@ -275,24 +275,29 @@ def instance_of(t: Trial) -> Instance:
     return Instance(t.tps, t.heldout_tps, t.ppl, {"ids": t.greedy or [], "tops": t.top_logprobs})
 
 
+def judged_aa(history: list[Trial], settings: GateSettings) -> tuple[Baseline, gate.AAVerdict | None]:
+    """The baseline instances measured before the A/A check, and the A/A's verdict against them
+    (None before the A/A ran): a pure function of the ledger, so a resume judges it the same way."""
+    ok = [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"]
+    aa = next((t for t in ok if t.source == "aa"), None)
+    first = gate.baseline_of([instance_of(t) for t in ok if t.source == "baseline"
+                              and (aa is None or t.number < aa.number)], settings)
+    return first, gate.judge_aa(instance_of(aa), first, settings) if aa is not None else None
+
+
 def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
     """The defaults as the ledger has them now: the baseline instances (the first one's greedy path is
     the reference), the A/A instance once judged, later baseline and drift instances (a drift the run
     corrected is left out of the noise: dividing it out leaves that instance no spread), and the
     held-out-only instances measured for decisions."""
+    first, verdict = judged_aa(history, settings)
     ok = [t for t in history if t.source in DEFAULTS_SOURCES and t.status == "ok"]
-    aa = next((t for t in ok if t.source == "aa"), None)
-    first = [t for t in ok if t.source == "baseline" and (aa is None or t.number < aa.number)]
-    base = gate.baseline_of([instance_of(t) for t in first], settings)
-    calibration = base.calibration
-    if aa is not None:
-        calibration = gate.judge_aa(instance_of(aa), base, settings).calibration
     instances = [t for t in ok if t.source in ("baseline", "aa") or (t.source == "drift" and t.drift == 1.0)]
     extras = [t.heldout_tps for t in ok if t.source == "extra" and t.heldout_tps]
     base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras))
     drift = next((t.drift for t in reversed(ok) if t.source == "drift" and t.drift is not None), 1.0)
-    return replace(base, reference=instance_of(first[0]).greedy, calibration=calibration, drift=drift,
-                   noise_groups=(tuple(extras),))
+    return replace(base, reference=first.reference, drift=drift, noise_groups=(tuple(extras),),
+                   calibration=verdict.calibration if verdict else first.calibration)
 
 
 def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, defaults: dict,
@@ -308,9 +313,7 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
         aa = run_defaults(run, settings, space, ledger, engine, defaults, say, "aa",
                           "A/A check: the defaults again, judged as a candidate")
         history = ledger.trials(run.id)
-    first = gate.baseline_of([instance_of(t) for t in history if t.source == "baseline" and t.status == "ok"
-                              and t.number < aa.number], settings.gate)
-    verdict = gate.judge_aa(instance_of(aa), first, settings.gate)
+    first, verdict = judged_aa(history, settings.gate)
     if aa.decision is None:
         ledger.update(aa, decision="aa-passed" if verdict.passed else "aa-failed", gate_passed=None,
                       gate_reasons=[verdict.line], tps_ratio=round(verdict.speed.ratio, 4),
@@ -403,7 +406,7 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
         say("result", number=row.number, row=row)
         return 0.0, constraint
     if verdict.passed:
-        accepted = held_out(run, row, settings, ledger, engine, base, say) if settings.recheck else \
+        accepted = held_out(run, row, settings, ledger, engine, base, history, say) if settings.recheck else \
             search_only(row, verdict, settings, ledger)
         if accepted:
             propose(run, row, result, settings, ledger, base, history, repo)
@@ -423,7 +426,7 @@ def search_only(row: Trial, verdict: gate.Verdict, settings: Settings, ledger: L
 
 
 def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Engine, base: Baseline,
-             say: Callable) -> bool:
+             history: list[Trial], say: Callable) -> bool:
     """The decision: fresh instances of the candidate on prompts the search never saw, against the
     defaults' instances on the same prompts, as many as the sequential test needs."""
     from sandbox.workload import load_workload
@@ -445,7 +448,7 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
                                 f"{(failure.get('message') or '')[:200]}")
         return result["bench"]["tps"]
 
-    defaults_row = next(t for t in ledger.trials(run.id) if t.source == "baseline")
+    defaults_row = next(t for t in history if t.source == "baseline")
 
     def more_defaults() -> float:
         extra = ledger.add(Trial(run_id=run.id, number=ledger.next_number(run.id), source="extra", params={},
