@@ -21,6 +21,7 @@ from agent.planner import BuiltinPlanner, Narrowing, Planner, Proposal
 from agent.space import Space
 
 MAX_TEXT = 300
+MAX_REPLY = 64_000      # characters; a reply this long is not a plan, and decoding it costs memory
 FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 SYSTEM = ("You tune vLLM serving configurations. Reply with JSON only, exactly "
           '{"proposals": [{"params": {<knob>: <value>}, "rationale": "<one line>", "expected": "<one line>"}]}, '
@@ -78,16 +79,30 @@ def parse_narrowings(data: dict, space: Space) -> tuple[list[Narrowing], list[st
                     raise ValueError(f"{key}: {why}")
             space.narrowed(knob.name, item["low"], item["high"])   # raises when the range is empty or outside
             out.append(Narrowing(knob.name, item["low"], item["high"], _clean_text(item["rationale"], "rationale")))
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             rejected.append(f"narrow {i}: {str(e)[:300]}")
     return out, rejected
 
 
 def parse_plan(text: str, space: Space, k: int) -> tuple[list[Proposal], list[Narrowing], list[str]]:
+    """Whatever the reply holds, this returns: a malformed reply of any kind is a rejection."""
+    if not isinstance(text, str):
+        return [], [], [f"reply is not text: {type(text).__name__}"]
+    if len(text) > MAX_REPLY:
+        return [], [], [f"reply is {len(text)} characters, more than {MAX_REPLY}: {text[:120]!r}"]
     try:
         data = json.loads(FENCE.sub("", text.strip()))
+    except RecursionError:   # nesting deep enough for the decoder to give up is still a bad reply
+        return [], [], [f"reply nests too deeply to decode: {text[:120]!r}"]
     except (ValueError, TypeError):
         return [], [], [f"reply is not JSON: {text[:120]!r}"]
+    try:
+        return _plan(data, space, k)
+    except Exception as e:  # noqa: BLE001 - a reply is data: no shape of it may end the run
+        return [], [], [f"reply could not be read: {type(e).__name__}: {str(e)[:200]}"]
+
+
+def _plan(data, space: Space, k: int) -> tuple[list[Proposal], list[Narrowing], list[str]]:
     if (not isinstance(data, dict) or "proposals" not in data or set(data) - {"proposals", "narrow"}
             or not isinstance(data["proposals"], list)):
         return [], [], ["reply is not an object with a 'proposals' list (and optionally 'narrow'), nothing else"]
@@ -104,7 +119,7 @@ def parse_plan(text: str, space: Space, k: int) -> tuple[list[Proposal], list[Na
                 raise ValueError("; ".join(problems))
             out.append(Proposal(dict(params), _clean_text(item.get("rationale", ""), "rationale"),
                                 _clean_text(item.get("expected", ""), "expected")))
-        except ValueError as e:
+        except (ValueError, TypeError) as e:   # TypeError: a value of a type no check expected
             rejected.append(f"proposal {i}: {str(e)[:300]}")
     return out, narrowings, rejected
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from agent import space as spaces
 from agent.ledger import Run, Trial
-from agent.llm_planner import Call, FallbackPlanner, LLMPlanner, PlannerUnavailable, parse
+from agent.llm_planner import Call, FallbackPlanner, LLMPlanner, PlannerUnavailable, parse, parse_plan
 from fake_llm import FakeLLM
 from sandbox import spec as specs
 
@@ -69,6 +69,14 @@ HOSTILE = [
     '{"proposals": [{"params": {"max-num-seq',            # truncated
     "Sure! Here is a config: --max-num-seqs 8",             # prose
     "",
+    '{"proposals": ' + "[" * 20_000 + "]" * 20_000 + "}",       # nested past the decoder's recursion limit
+    json.dumps({"proposals": [GOOD["proposals"][0]] * 2000}),      # huge
+    '{"proposals": [{"params": {"block-size": [16]}, "rationale": "x", "expected": "y"}]}',   # unhashable value
+    '{"proposals": [{"params": {"max-num-seqs": {"$gt": 4}}, "rationale": "x", "expected": "y"}]}',
+    '{"proposals": [{"params": {"max-num-seqs": 8}, "rationale": ["x"], "expected": "y"}]}',
+    '{"proposals": [], "narrow": [{"knob": ["max-num-seqs"], "low": [], "high": {}, "rationale": "r"}]}',
+    '[1, 2, 3]',
+    '"just a string"',
 ]
 
 
@@ -126,6 +134,26 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6
 def test_property_no_reply_reaches_the_engine_except_as_a_valid_point(reply):
     proposals, _ = parse(reply, SPACE, k=4)
     assert_reaches_engine_only_as_valid_points(proposals)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["proposals", "narrow"]), json_values, min_size=1).map(json.dumps))
+def test_property_any_reply_shape_is_rejected_or_read_never_raised(reply):
+    proposals, narrowings, rejected = parse_plan(reply, SPACE, k=4)
+    assert_reaches_engine_only_as_valid_points(proposals)
+    assert all(SPACE.knobs[n.knob].type in ("int", "float") for n in narrowings)
+    assert proposals or narrowings or rejected or json.loads(reply).get("proposals") == []
+
+
+def test_a_malformed_reply_is_recorded_and_the_run_goes_on_with_the_builtin_planner(llm):
+    calls, events = [], []
+    llm.replies += [(200, '{"proposals": ' + "[" * 20_000 + "]" * 20_000 + "}")] * 2
+    fallback = FallbackPlanner(planner(llm, calls), lambda e, **i: events.append((e, i)), patience=1)
+    fallback.primary.retries = 2
+    proposals = fallback.propose(SPACE, RUN, HISTORY, {"cpus": 2, "concurrency": 1}, k=1)
+    assert proposals and all(SPACE.problems(p.params) == [] for p in proposals)
+    assert [c.rejected[0][:32] for c in calls] == ["reply nests too deeply to decode"] * 2
+    assert events[0][0] == "planner_fallback" and "nests too deeply" in events[0][1]["reason"]
 
 
 def test_call_record_has_no_field_for_credentials():
