@@ -10,7 +10,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import optuna
 import typer
+from git import GitCommandError
 from rich.console import Console
 from sqlalchemy.exc import OperationalError
 from rich.table import Table
@@ -247,8 +249,9 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     say("run", id=row.id, budget=o.get("budget", ""), deadline=row.deadline_at, space=space.path,
         workload=row.workload)
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    engine = WorkerEngine()
     try:
-        run_search(row, settings, space, ledger, WorkerEngine(), gitops.open_repo(Path(row.repo)), _storage(), say,
+        run_search(row, settings, space, ledger, engine, gitops.open_repo(Path(row.repo)), _storage(), say,
                    planner=planner)
     except KeyboardInterrupt:
         _close_interrupted(ledger, row.id, "stopped")
@@ -265,6 +268,15 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     except OperationalError as e:  # SQLite's transactions leave the file consistent; only this run stops
         raise fail(f"the ledger {ledger.path} could not be written ({e.orig}); the run stopped. Free the disk, "
                    f"then: agent run --resume {row.id}", 1) from None
+    except (GitCommandError, optuna.exceptions.StorageInternalError) as e:
+        # A branch not written, or the study not told: the ledger row of the trial in flight says what
+        # was measured; a resume repairs the study from the ledger and re-proposes what is missing.
+        _close_interrupted(ledger, row.id, "stopped")
+        what = "git" if isinstance(e, GitCommandError) else "the Optuna study"
+        raise fail(f"{what} failed during run {row.id}: {str(e).strip().splitlines()[0][:200]}; the run stopped "
+                   f"with its ledger consistent. Fix the cause, then: agent run --resume {row.id}", 1) from None
+    finally:
+        engine.close()   # the pre-flight's process
     _summary(ledger, row.id)
 
 
@@ -402,6 +414,10 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     if failures:
         say("  failures: " + ", ".join(f"{n} {c}" for c, n in sorted(
             {c: failures.count(c) for c in set(failures)}.items())))
+    for r in ledger.learned_rules(row.id):
+        skipped = sum(1 for t in trials if t.failure_message and f"learned rule {r.id} " in t.failure_message)
+        say(f"  learned rule {r.id} (trial {r.from_trial}, {r.stage}, {r.how}): vLLM refuses "
+            f"{', '.join(f'{k}={v}' for k, v in r.settings.items())}: {r.message[:200]}; {skipped} point(s) skipped")
     for c in ledger.narrowings(row.id):
         say(f"  narrowed {c.knob} to [{c.low:g}, {c.high:g}] after trial {c.after_trial}: {c.rationale}")
     drift = [t for t in trials if t.source == "drift"]
@@ -494,7 +510,7 @@ def ledger_show(number: int, run_id: str = typer.Option(None, "--run", help="Run
 
 @ledger_app.command("sql")
 def ledger_sql(query: str) -> None:
-    """Read-only SQL over the ledger (tables: runs, trials, repeats, planner_calls, narrowings)."""
+    """Read-only SQL over the ledger (tables: runs, trials, repeats, planner_calls, narrowings, learned_rules)."""
     import sqlite3
 
     try:

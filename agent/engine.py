@@ -36,6 +36,21 @@ def _failed(klass: str, message: str) -> dict:
 class WorkerEngine:
     """evaluate(spec, trial_dir, timeout_s) -> the worker's result dict (never raises for a trial)."""
 
+    def __init__(self):
+        self._preflight: Preflight | None = None
+
+    def preflight(self, model: str, flags: dict, env: dict) -> dict | None:
+        """vLLM's verdict on a point's config without a start (see sandbox.preflight); None: no verdict."""
+        if self._preflight is None or self._preflight.model != model:
+            self.close()
+            self._preflight = Preflight(model)
+        return self._preflight.check(flags, env)
+
+    def close(self) -> None:
+        if self._preflight is not None:
+            self._preflight.close()
+            self._preflight = None
+
     def defaults(self, model: str, names: list[str], timeout_s: float = 120) -> dict[str, list | None]:
         """The engine's defaults for these knobs, read by the harness from vLLM itself ({} if it cannot:
         then every knob set counts as a change, which only makes lossless claims rarer)."""
@@ -137,3 +152,71 @@ def _read(progress: Path) -> dict:
 
 def _phase(progress: Path) -> str | None:
     return _read(progress).get("phase")
+
+
+class Preflight:
+    """vLLM's own config checks on candidate points, in one long-lived harness process.
+
+    check() answers {"ok": bool, "message": ...}, or None when the pre-flight cannot say (it failed
+    to start, or did not answer in time: then the point goes on to a real start, which decides).
+    The process lives in its own session and is killed as a group by close() or on any timeout.
+    """
+
+    def __init__(self, model: str, start_s: float = 180.0, answer_s: float = 60.0):
+        self.model, self.start_s, self.answer_s = model, start_s, answer_s
+        self.proc: subprocess.Popen | None = None
+        self.broken = False
+        self.import_s: float | None = None
+
+    def _read(self, timeout_s: float) -> dict | None:
+        import selectors
+
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout_s):
+                return None
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line.strip() else None
+
+    def _start(self) -> bool:
+        if self.proc is not None and self.proc.poll() is None:
+            return True
+        if self.broken:
+            return False
+        self.proc = subprocess.Popen([sys.executable, "-m", "sandbox.preflight", self.model], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=worker_env(),
+                                     cwd=Path(__file__).resolve().parents[1], start_new_session=True)
+        try:
+            ready = self._read(self.start_s)
+        except (OSError, ValueError):
+            ready = None
+        if not ready or not ready.get("ready"):
+            self.close()
+            self.broken = True   # once: a pre-flight that cannot start is not retried every trial
+            return False
+        self.import_s = ready.get("import_s")
+        return True
+
+    def check(self, flags: dict, env: dict) -> dict | None:
+        if not self._start():
+            return None
+        try:
+            self.proc.stdin.write(json.dumps({"flags": flags, "env": env}) + "\n")
+            self.proc.stdin.flush()
+            answer = self._read(self.answer_s)
+        except (OSError, ValueError):
+            answer = None
+        if answer is None or answer.get("ok") is None:
+            self.close()   # a hung or confused pre-flight is replaced at the next point
+            return None
+        return answer
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self.proc = None

@@ -149,6 +149,22 @@ class RangeChange(Base):
     rationale: Mapped[str] = mapped_column(Text)
 
 
+class LearnedRule(Base):
+    """Knob settings vLLM refused in this run, reduced to what causes the refusal (see agent.refusals);
+    later points that contain them are skipped without a start."""
+
+    __tablename__ = "learned_rules"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    at: Mapped[str] = mapped_column(String, default=utcnow)
+    from_trial: Mapped[int] = mapped_column(Integer)        # the ledger's trial number that was refused
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)   # knob -> value, all present = refused
+    message: Mapped[str] = mapped_column(Text)              # vLLM's root cause
+    stage: Mapped[str] = mapped_column(String)              # pre-flight, or start
+    how: Mapped[str] = mapped_column(String)                # minimised at pre-flight, named in the message, whole point
+    checks: Mapped[int] = mapped_column(Integer, default=0)  # pre-flight checks the reduction took
+
+
 class Ledger:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -218,6 +234,10 @@ class Ledger:
     def narrowings(self, run_id: str) -> list[RangeChange]:
         with self.session() as s:
             return list(s.scalars(select(RangeChange).where(RangeChange.run_id == run_id).order_by(RangeChange.id)))
+
+    def learned_rules(self, run_id: str) -> list[LearnedRule]:
+        with self.session() as s:
+            return list(s.scalars(select(LearnedRule).where(LearnedRule.run_id == run_id).order_by(LearnedRule.id)))
 
     def next_number(self, run_id: str) -> int:
         with self.session() as s:

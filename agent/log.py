@@ -47,6 +47,11 @@ def _line(event: str, info: dict) -> str | None:
         flips = f", {len(t.flips)} near-tie flip(s)" if t.flips else ""
         return (f"trial {t.number}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
                 f"agreement {t.agreement:.0%}{flips}; {verdict}")
+    if event == "learned":
+        return escape(f"learned from trial {info['number']}: vLLM refuses {info['settings']} ({info['how']}); "
+                      f"later points with these settings are skipped (rule {info['rule']})")
+    if event == "preflight_off":
+        return escape(f"pre-flight off for this run: it refused the defaults themselves ({info['reason'][:200]})")
     if event == "planner_fallback":
         until = "for the rest of the run" if info["permanent"] else "for this round"
         return escape(f"planner {info['planner']} unavailable ({info['reason'][:160]}); built-in planner {until}")

@@ -17,10 +17,10 @@ from typing import Protocol
 
 import optuna
 
-from agent import gate, gitops, proposal
+from agent import gate, gitops, proposal, refusals
 from agent.budget import seconds_left
 from agent.gate import Baseline, GateSettings, Instance, MeasureFailed
-from agent.ledger import Ledger, RangeChange, Repeat, Run, Trial, utcnow
+from agent.ledger import LearnedRule, Ledger, RangeChange, Repeat, Run, Trial, utcnow
 from agent.planner import BuiltinPlanner, Planner
 from agent.space import Space
 from agent.stats import compare, interval, pooled_noise
@@ -82,13 +82,14 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
     planner = planner or BuiltinPlanner()
     defaults = engine_defaults(run, settings, space, ledger, engine)
     base = measure_baseline(run, settings, space, ledger, engine, defaults, say)
+    preflight = preflight_for(run, settings, space, engine, say)
     study = optuna.create_study(study_name=run.id, storage=storage, direction="maximize", load_if_exists=True,
                                 sampler=make_sampler(settings))
     sampler_space = narrowed(space, ledger.narrowings(run.id))
     seen, since_planner = told_so_far(study, settings)
     repeats_in_a_row = 0
     while True:
-        history = ledger.trials(run.id)   # the run's state, read once per step
+        history, rules = ledger.trials(run.id), ledger.learned_rules(run.id)   # the run's state, once per step
         base = baseline_from(history, settings.gate)
         if (left := seconds_left(run.deadline_at)) <= expected_trial_s(history) or spent(history, settings):
             break
@@ -96,7 +97,7 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
             check_drift(run, settings, space, ledger, engine, base, defaults, say)
             continue
         if since_planner >= settings.sampler_per_planner and not waiting(study):
-            enqueue(study, planner.propose(space, run, history, settings.facts, k=1))
+            enqueue(study, planner.propose(space, run, history, facts_for(settings, rules), k=1))
             sampler_space = narrow(sampler_space, planner, history, ledger, run, say)
         trial = study.ask()
         source = trial.user_attrs.get("source", "sampler")
@@ -118,18 +119,94 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         row = start_trial(run, ledger, space, defaults, point, source, trial.number, trial.user_attrs.get("rationale"))
         say("trial", number=row.number, source=row.source, params=point, left_s=left,
             best=best_ratio(history), rationale=row.rationale)
-        if broken := space.broken_rules(point):
+        if why := excluded(point, space, rules, preflight, row):
             value, constraint = 0.0, 1.0
-            finish(ledger, row, status="skipped", failure_class="invalid_config", constraint=1.0, decision="skipped",
-                   failure_message=f"excluded by the space's rules: {'; '.join(broken)}")
+            finish(ledger, row, constraint=1.0, failure_class="invalid_config", **why)
+            learn(run, row, point, space, defaults, preflight, ledger, say)
         else:
             value, constraint = evaluate(run, row, settings, ledger, engine, base, history, repo, left, say)
+            learn(run, ledger.trial(run.id, row.number), point, space, defaults, preflight, ledger, say)
         seen[key] = (value, constraint)
         trial.set_user_attr("constraint", [constraint])
         study.tell(trial, value)
         if row.failure_class == "unclean_teardown":
             raise DirtyMachine(f"trial {row.number} left the machine dirty: {row.failure_message}")
     return ledger.update(run, status="finished", finished_at=utcnow())
+
+
+# ---- Points vLLM refuses: the space's rules, the run's learned rules, the pre-flight ---------
+
+Verdict = Callable[[dict], "str | None"]   # a point -> vLLM's refusal at pre-flight, or None
+
+
+def preflight_for(run: Run, settings: Settings, space: Space, engine: Engine, say: Callable) -> Verdict | None:
+    """vLLM's own config checks for points of this space, or None where they cannot be trusted: the
+    engine has none, or they refuse the defaults themselves (which did just start), so a refusal
+    would say more about the pre-flight than about the point."""
+    if not hasattr(engine, "preflight"):
+        return None
+    flags, env = space.to_flags_env({})
+    answer = engine.preflight(settings.model, flags, env)
+    if not answer or not answer.get("ok"):
+        say("preflight_off", reason=(answer or {}).get("message") or "the pre-flight did not answer")
+        return None
+
+    def refused(point: dict) -> str | None:
+        if space.problems(point):
+            return None   # not a point vLLM could be asked about; the space has its own say
+        answer = engine.preflight(settings.model, *space.to_flags_env(point))
+        return answer["message"] if answer and answer.get("ok") is False else None
+    return refused
+
+
+def excluded(point: dict, space: Space, rules: list[LearnedRule], preflight: Verdict | None, row: Trial) -> dict | None:
+    """Why a point is not started (the row's final values), or None: it goes to a real server."""
+    if broken := space.broken_rules(point):
+        return dict(status="skipped", decision="skipped",
+                    failure_message=f"excluded by the space's rules: {'; '.join(broken)}")
+    if rule := refusals.matching(point, rules):
+        return dict(status="skipped", decision="skipped",
+                    failure_message=f"contains learned rule {rule.id} ({refusals.describe(rule.settings)}), which "
+                                    f"vLLM refused at {rule.stage} in trial {rule.from_trial}: {rule.message}")
+    started = time.monotonic()
+    if preflight and (message := preflight(point)):
+        return dict(status="failed", decision="failed", failure_message=f"refused at pre-flight: {message}",
+                    timings={"preflight_s": round(time.monotonic() - started, 3)})
+    return None
+
+
+def learn(run: Run, row: Trial, point: dict, space: Space, defaults: dict, preflight: Verdict | None,
+          ledger: Ledger, say: Callable) -> None:
+    """A point vLLM refused (at pre-flight or at start) becomes a rule of the run: the smallest set of
+    its changes still refused, so no later point that contains it is started."""
+    message = row.failure_message or ""
+    if row.failure_class != "invalid_config" or row.status != "failed":
+        return
+    stage = "pre-flight" if message.startswith("refused at pre-flight: ") else "start"
+    cause = message.removeprefix("refused at pre-flight: ")
+    if stage == "start":   # "server exited with code 1 during start: <vLLM's root cause>"
+        cause = cause.split(": ", 1)[1] if cause.startswith("server exited") and ": " in cause else cause
+    changes = {k: point[k] for k in space.changed(point, defaults)}
+    if not changes:
+        return
+    replayed = preflight(point) if preflight and stage == "start" else None
+    if stage == "pre-flight" or (replayed and refusals.same_cause(replayed, cause)):
+        settings, checks = refusals.minimise(changes, cause, preflight)
+        how = "minimised at pre-flight"
+    else:
+        settings, checks = refusals.named(changes, cause) or changes, 0
+        how = "named in vLLM's message" if settings != changes else "the whole point"
+    rule = ledger.add(LearnedRule(run_id=run.id, from_trial=row.number, settings=settings, message=cause[:600],
+                                  stage=stage, how=how, checks=checks))
+    say("learned", number=row.number, rule=rule.id, settings=refusals.describe(settings), how=how)
+
+
+def facts_for(settings: Settings, rules: list[LearnedRule]) -> dict:
+    """The planner's facts, with what vLLM refused in this run."""
+    if not rules:
+        return settings.facts
+    return {**settings.facts, "refused_by_vllm_this_run": [f"{refusals.describe(r.settings)}: {r.message[:200]}"
+                                                           for r in rules]}
 
 
 def told_so_far(study: optuna.Study, settings: Settings) -> tuple[dict[str, tuple[float, float]], int]:

@@ -45,25 +45,42 @@ def classify_log(text: str, default: str = "crashed") -> str:
     return default
 
 
-_ERROR_LINE = re.compile(r"(\w+(Error|Exception)|error): ")
-_LOG_PREFIX = re.compile(r"^\([^)]*\)\s+(ERROR|WARNING|INFO)\s+\S+ \S+ \[[^\]]*\]\s*")
+# "(EngineCore_DP0 pid=812) ", "(APIServer pid=77) ", then "ERROR 11-30 12:00:01 [core.py:123] ".
+_PROCESS_PREFIX = re.compile(r"^\([\w.-]+ pid=\d+\)\s*")
+_LOG_PREFIX = re.compile(r"^(ERROR|WARNING|INFO|DEBUG|CRITICAL)\s+\S+ \S+ \[[^\]]*\]\s*")
+_EXCEPTION = re.compile(r"^([\w.]+(Error|Exception|Exit|Interrupt)|error)(: |$)")
+# Lines vLLM raises on top of the real cause, which it logged above them.
+_WRAPPERS = re.compile(r"Engine core initialization failed|See root cause above|EngineDeadError|"
+                       r"Engine process failed to start|Background process .* died")
+_DETAIL_SKIP = re.compile(r"^For further information|^\[type=")
 
 
-def server_message(text: str) -> str:
-    """The server's own account of why it stopped: its last error line, with the detail lines
-    pydantic puts under a ValidationError (the field and the rule it broke). Warnings and info
-    lines are never taken for it, even when they mention an error."""
+def _strip(line: str) -> str:
+    return _LOG_PREFIX.sub("", _PROCESS_PREFIX.sub("", line)).strip()
+
+
+def root_cause(text: str) -> str:
+    """vLLM's own account of why it stopped, in one line: the last exception it raised that is not
+    a wrapper of another one (the engine core's, whichever process printed it), with the rule a
+    config validation broke (pydantic's `Value error, ...` or the field and its bound), or a CUDA
+    or CPU out-of-memory line. Warnings and info lines are never taken for it."""
     raw = text.splitlines()
-    lines = [_LOG_PREFIX.sub("", line).strip() for line in raw]
+    lines = [_strip(line) for line in raw]
     for i in range(len(lines) - 1, -1, -1):
-        if " WARNING " in raw[i] or " INFO " in raw[i] or not _ERROR_LINE.search(lines[i]):
+        line = lines[i]
+        if re.search(r"\b(WARNING|INFO|DEBUG)\b", raw[i][:80]) or _WRAPPERS.search(line):
             continue
-        if lines[i].startswith("RuntimeError: Engine core initialization"):
-            continue  # the wrapper; the cause is logged above it
-        if "ValidationError" in lines[i]:
-            detail = [ln for ln in lines[i + 1:i + 7] if ln and not ln.startswith("For further information")]
-            return " ".join([lines[i], *detail])[:600]
-        return lines[i][:600]
+        if "CUDA out of memory" in line or "CUDA error: out of memory" in line:
+            return line[:600]
+        if not _EXCEPTION.search(line):
+            continue
+        if "ValidationError" in line:
+            detail = [ln for ln in lines[i + 1:i + 9] if ln and not _DETAIL_SKIP.search(ln)]
+            detail = [ln.split(" [type=")[0] for ln in detail]
+            value = next((ln for ln in detail if ln.startswith("Value error, ")), None)
+            return (f"{line.split(': ')[-1]}: {value[len('Value error, '):]}" if value
+                    else " ".join([line, *detail[:4]]))[:600]
+        return line[:600]
     return ""
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from sandbox.failures import TrialFailure, classify_log, log_tail, server_message
+from sandbox.failures import TrialFailure, classify_log, log_tail, root_cause
 
 # Variables passed through from the worker's environment when present; nothing else leaks in
 # (API keys in the agent's environment never reach the server).
@@ -105,7 +105,7 @@ class Server:
         if self.proc is not None and self.proc.poll() is not None:
             text = self.log_path.read_text(errors="replace")
             klass = classify_log(text, default="crashed")
-            said = server_message(text)
+            said = root_cause(text)
             raise TrialFailure(klass, f"server exited with code {self.proc.returncode} during {phase}"
                                + (f": {said}" if said else ""), log_tail(text))
 

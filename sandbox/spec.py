@@ -83,19 +83,24 @@ class TrialSpec:
 
     def server_args(self) -> list[str]:
         """The flags as an argv tail, in the spec's order."""
-        argv: list[str] = []
-        for name, value in self.flags.items():
-            if value is None:
-                continue
-            if value is True:
-                argv.append(f"--{name}")
-            elif value is False:
-                argv.append(f"--no-{name}")
-            elif isinstance(value, dict):
-                argv += [f"--{name}", json.dumps(value, sort_keys=True)]
-            else:
-                argv += [f"--{name}", str(value)]
-        return argv
+        return argv_of(self.flags)
+
+
+def argv_of(flags: dict) -> list[str]:
+    """vLLM's command-line form of validated flags (the server and the pre-flight use this one)."""
+    argv: list[str] = []
+    for name, value in flags.items():
+        if value is None:
+            continue
+        if value is True:
+            argv.append(f"--{name}")
+        elif value is False:
+            argv.append(f"--no-{name}")
+        elif isinstance(value, dict):
+            argv += [f"--{name}", json.dumps(value, sort_keys=True)]
+        else:
+            argv += [f"--{name}", str(value)]
+    return argv
 
 
 def _check_scalar(where: str, value: Any) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.failures import classify_log, log_tail, server_message
+from sandbox.failures import classify_log, log_tail, root_cause
 
 LOGS = Path(__file__).with_name("logs")
 
@@ -15,7 +15,7 @@ LOGS = Path(__file__).with_name("logs")
 def test_pydantic_refusal_is_invalid_config_with_the_field_named():
     text = (LOGS / "invalid_max_num_seqs.log").read_text()
     assert classify_log(text) == "invalid_config"
-    said = server_message(text)
+    said = root_cause(text)
     assert said.startswith("pydantic_core._pydantic_core.ValidationError")
     assert "max_num_seqs Input should be greater than or equal to 1" in said
 
@@ -23,7 +23,7 @@ def test_pydantic_refusal_is_invalid_config_with_the_field_named():
 def test_cpu_memory_refusal_is_oom_not_invalid_config():
     text = (LOGS / "cpu_memory_refused.log").read_text()
     assert classify_log(text) == "oom"
-    assert "--gpu-memory-utilization" in server_message(text)
+    assert "--gpu-memory-utilization" in root_cause(text)
 
 
 @pytest.mark.parametrize("line, klass", [
