@@ -34,6 +34,8 @@ def _line(event: str, info: dict) -> str | None:
         return f"drift check: defaults at {info['factor']:.3f}x of the baseline; correction {info['applied']}"
     if event == "result":
         t = info["row"]
+        if t.status == "pruned":
+            return f"trial {t.number} [yellow]pruned[/] at {t.tps:.2f} tok/s: {escape((t.gate_reasons or [''])[0])}"
         if t.status != "ok":
             return f"trial {t.number} [red]{t.failure_class}[/]: {escape((t.failure_message or '')[:160])}"
         if t.branch:

@@ -108,8 +108,7 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         since_planner = 0 if source == "planner" else since_planner + 1
         key = repr(sorted(point.items()))
         if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
-            trial.set_user_attr("constraint", [seen[key][1]])
-            study.tell(trial, seen[key][0])
+            tell(study, trial, *seen[key])
             repeats_in_a_row += 1
             if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
                 say("exhausted", asks=repeats_in_a_row)
@@ -120,15 +119,13 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         say("trial", number=row.number, source=row.source, params=point, left_s=left,
             best=best_ratio(history), rationale=row.rationale)
         if why := excluded(point, space, rules, preflight, row):
-            value, constraint = 0.0, 1.0
             finish(ledger, row, constraint=1.0, failure_class="invalid_config", **why)
-            learn(run, row, point, space, defaults, preflight, ledger, say)
         else:
-            value, constraint = evaluate(run, row, settings, ledger, engine, base, history, repo, left, say)
-            learn(run, ledger.trial(run.id, row.number), point, space, defaults, preflight, ledger, say)
-        seen[key] = (value, constraint)
-        trial.set_user_attr("constraint", [constraint])
-        study.tell(trial, value)
+            evaluate(run, row, settings, ledger, engine, base, history, repo, left, say)
+        row = ledger.trial(run.id, row.number)
+        learn(run, row, point, space, defaults, preflight, ledger, say)
+        seen[key] = told(row)
+        tell(study, trial, *seen[key], pruned=row.status == "pruned")
         if row.failure_class == "unclean_teardown":
             raise DirtyMachine(f"trial {row.number} left the machine dirty: {row.failure_message}")
     return ledger.update(run, status="finished", finished_at=utcnow())
@@ -209,15 +206,32 @@ def facts_for(settings: Settings, rules: list[LearnedRule]) -> dict:
                                                            for r in rules]}
 
 
+def told(row: Trial) -> tuple[float, float]:
+    """What Optuna is told of a finished trial: (value, constraint), both from its ledger row."""
+    value = (row.heldout_ratio or row.tps_ratio or 0.0) if row.status in ("ok", "pruned") else 0.0
+    return value, row.constraint if row.constraint is not None else 1.0
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, value: float, constraint: float, pruned: bool = False) -> None:
+    """A pruned trial is told as Optuna's PRUNED, its partial ratio reported as its last value."""
+    trial.set_user_attr("constraint", [constraint])
+    if pruned:
+        trial.report(value, step=0)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
+
+
 def told_so_far(study: optuna.Study, settings: Settings) -> tuple[dict[str, tuple[float, float]], int]:
     """What the study already knows, so a resumed or repeated call goes on where the last one stopped.
 
     Returns each told point's (value, constraint) and how many sampler trials followed the last
     planner trial (the planner goes first when there is none).
     """
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    seen = {repr(sorted(t.params.items())): (t.value, (t.user_attrs.get("constraint") or
-                                                      t.system_attrs.get("constraints") or [1.0])[0]) for t in done}
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
+    seen = {repr(sorted(t.params.items())): (t.value if t.value is not None else t.intermediate_values.get(0, 0.0),
+                                             (t.user_attrs.get("constraint") or
+                                              t.system_attrs.get("constraints") or [1.0])[0]) for t in done}
     since = 0
     for t in reversed(done):
         if t.user_attrs.get("source") == "planner":
@@ -276,10 +290,16 @@ def enqueue(study: optuna.Study, proposals: list) -> None:
 
 def expected_trial_s(history: list[Trial]) -> float:
     """The longest candidate trial so far with its first held-out instance (or the longest instance
-    of the defaults before any): no trial starts that the measured times say cannot finish."""
-    durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_first_s", t.timings.get("recheck_s", 0))
+    of the defaults before any): no trial starts that the measured times say cannot finish. Before
+    any held-out instance has run, one is counted as the trial's own start, warm-up and benchmark."""
+    durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_first_s", held_out_estimate_s(t))
                  for t in history if t.status in ("ok", "failed") and t.source in CANDIDATES]
     return max(durations or [t.timings.get("total_s", 0) for t in history if t.status == "ok"] or [0.0])
+
+
+def held_out_estimate_s(t: Trial) -> float:
+    """A held-out instance is a fresh server measured on other prompts, without the quality phase."""
+    return sum(t.timings.get(f"{phase}_s", 0) for phase in ("start", "warmup", "benchmark", "teardown"))
 
 
 def spec_for(run: Run, settings: Settings, flags: dict, env: dict, **extra) -> dict:
@@ -463,10 +483,13 @@ def check_drift(run: Run, settings: Settings, space: Space, ledger: Ledger, engi
 # ---- A candidate: gate, held-out decision, branch ----------------------------------------------
 
 def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Engine, base: Baseline,
-             history: list[Trial], repo, timeout_s: float, say: Callable) -> tuple[float, float]:
-    """Run one candidate, gate it, decide it, propose it if accepted; returns (value, constraint)."""
-    result = run_worker(run, row, settings, engine, timeout_s, say)
+             history: list[Trial], repo, timeout_s: float, say: Callable) -> None:
+    """Run one candidate, gate it, decide it, propose it if accepted: all of it in its ledger row."""
+    result = run_worker(run, row, settings, engine, timeout_s, say, prune_below_tps=gate.prune_below(base))
     record(ledger, row, result)
+    if result.get("status") == "pruned":
+        pruned(row, result, base, ledger, say)
+        return
     verdict = gate.check(result, base, row.lossless, settings.gate)
     constraint = gate.constraint(verdict, result, settings.gate)
     rule = (base.calibration.rule + (f", tau {base.calibration.tau:.3f}" if base.calibration.rule == "calibrated"
@@ -481,15 +504,25 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
                   ("awaiting_recheck" if verdict.passed and settings.recheck else None if verdict.passed else "refused"))
     if result.get("status") != "ok":
         say("result", number=row.number, row=row)
-        return 0.0, constraint
+        return
     if verdict.passed:
         accepted = held_out(run, row, settings, ledger, engine, base, history, say) if settings.recheck else \
             search_only(row, verdict, settings, ledger)
         if accepted:
             propose(run, row, result, settings, ledger, base, history, repo)
     say("result", number=row.number, row=ledger.trial(run.id, row.number))
-    row = ledger.trial(run.id, row.number)
-    return (row.heldout_ratio or row.tps_ratio or 0.0), constraint
+
+
+def pruned(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Callable) -> None:
+    """A benchmark stopped because it could not reach the defaults: its partial figures, no verdict
+    on quality (not measured), and no held-out decision; Optuna hears PRUNED with the partial ratio."""
+    p = result["pruned"]
+    ratio = round(result["bench"]["tps"] / (base.tps * base.drift), 4)
+    finish(ledger, row, tps_ratio=ratio, gate_passed=False, decision="pruned", constraint=0.0, drift=base.drift,
+           gate_reasons=[f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} "
+                         f"tok/s, below {p['below_tps']:.2f} (the defaults' {base.tps * base.drift:.2f} less the "
+                         f"spread of one instance at {gate.PRUNE_LEVEL:.1%})"])
+    say("result", number=row.number, row=ledger.trial(row.run_id, row.number))
 
 
 def search_only(row: Trial, verdict: gate.Verdict, settings: Settings, ledger: Ledger) -> bool:
@@ -513,8 +546,10 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
     times: list[float] = []
 
     def instance(target: Trial, suffix: str) -> float:
-        if times and seconds_left(run.deadline_at) < max(times):
-            raise MeasureFailed("the budget ends before another instance could finish")
+        needed = max(times) if times else held_out_estimate_s(row)
+        if seconds_left(run.deadline_at) < needed:
+            raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
+                                f"needed, {seconds_left(run.deadline_at):.0f} s left)")
         say("phase", number=row.number, phase=f"held-out instance {suffix}")
         result = run_worker(run, target, settings, engine, max(seconds_left(run.deadline_at), 1), say,
                             suffix=f"-heldout{suffix}", workload=inline, quality="none")

@@ -84,7 +84,7 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
                           gate_reasons=["interrupted during the held-out re-check: not committed"])
             done.append(f"trial {t.number}: stopped before its held-out re-check, not committed")
     finished = {t.optuna_number: t for t in ledger.trials(run.id)
-                if t.optuna_number is not None and t.status in ("ok", "failed", "skipped")}
+                if t.optuna_number is not None and t.status in ("ok", "failed", "skipped", "pruned")}
     # The constraint Optuna records is the one the loop computed and stored in the ledger.
     constraints = lambda ft: [finished[ft.number].constraint if ft.number in finished  # noqa: E731
                               and finished[ft.number].constraint is not None else 1.0]
@@ -97,7 +97,10 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
                 done.append(f"optuna trial {ft.number}: running at the crash, told FAIL")
                 continue
             # Killed after the ledger row was finished but before the tell: tell what the row says.
-            study.tell(ft.number, (row.heldout_ratio or row.tps_ratio or 0.0) if row.status == "ok" else 0.0)
+            if row.status == "pruned":
+                study.tell(ft.number, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(ft.number, (row.heldout_ratio or row.tps_ratio or 0.0) if row.status == "ok" else 0.0)
             done.append(f"optuna trial {ft.number}: finished in the ledger (trial {row.number}), told its result")
     if repo is not None:
         refs = Path(repo.git_dir) / "refs" / "heads" / "agent" / run.id
@@ -134,8 +137,9 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
                 out.append(f"trial {t.number}: Optuna trial {t.optuna_number} is not in the study")
             elif t.optuna_number in seen:
                 out.append(f"trial {t.number}: Optuna trial {t.optuna_number} is counted twice")
-            elif t.status in ("ok", "failed", "skipped") and ft.state != optuna.trial.TrialState.COMPLETE:
-                out.append(f"trial {t.number}: finished in the ledger but {ft.state.name} in the study")
+            elif t.status in ("ok", "failed", "skipped", "pruned") and ft.state != (
+                    optuna.trial.TrialState.PRUNED if t.status == "pruned" else optuna.trial.TrialState.COMPLETE):
+                out.append(f"trial {t.number}: {t.status} in the ledger but {ft.state.name} in the study")
             seen.add(t.optuna_number)
         if run.status != "running":
             out += [f"optuna trial {ft.number}: still RUNNING" for ft in told.values()

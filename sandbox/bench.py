@@ -225,21 +225,62 @@ def request_body(model: str, prompt: str, workload: Workload) -> dict:
     }
 
 
+@dataclass
+class Pruner:
+    """Stops a benchmark once its TPS cannot reach `below_tps` (the agent's threshold: the defaults'
+    TPS less the instance noise it allows for, so a hopeless config is stopped, never a slow-looking
+    instance of a good one).
+
+    After `after` requests have finished, the most this phase could still read is its tokens so far
+    plus a whole answer for every request in flight, over the time it has taken; when even that is
+    below the threshold, the phase is over. It only looks while that bound can still fall: at the
+    workload's concurrency, requests finish at the pace the server sets.
+    """
+    below_tps: float
+    after: int
+    max_tokens: int
+    concurrency: int
+    pruned: bool = False
+    upper_tps: float | None = None
+
+    def hopeless(self, done: list[RequestResult], elapsed_s: float) -> bool:
+        if len(done) < self.after or elapsed_s <= 0:
+            return False
+        tokens = sum(r.output_tokens for r in done if r.ok)
+        self.upper_tps = (tokens + self.concurrency * self.max_tokens) / elapsed_s
+        self.pruned = self.upper_tps < self.below_tps
+        return self.pruned
+
+    @staticmethod
+    def for_workload(below_tps: float, workload: Workload) -> "Pruner":
+        return Pruner(below_tps, max(3, workload.num_prompts // 8), workload.max_tokens, workload.concurrency)
+
+
 async def run_prompts(base_url: str, model: str, prompts: list[str], workload: Workload,
-                      timeout_s: float) -> tuple[list[RequestResult], float]:
-    """Send prompts with the workload's concurrency; returns results and the phase's wall time."""
+                      timeout_s: float, pruner: Pruner | None = None) -> tuple[list[RequestResult], float]:
+    """Send prompts with the workload's concurrency; returns results and the phase's wall time.
+    With a pruner, the requests still to run are cancelled once it calls the phase hopeless, and
+    only the finished ones are returned."""
     gate = asyncio.Semaphore(workload.concurrency)
     pool = _Connections(base_url, connect_timeout_s=10.0)
     bodies = [request_body(model, prompt, workload) for prompt in prompts]
+    done: list[RequestResult] = []
+    stop = asyncio.Event()
 
-    async def bounded(body: dict) -> RequestResult:
+    async def bounded(body: dict) -> RequestResult | None:
         async with gate:
-            return await one_request(pool, "/v1/completions", body)
+            if stop.is_set():
+                return None
+            result = await one_request(pool, "/v1/completions", body)
+            done.append(result)
+            if pruner and pruner.hopeless(done, time.perf_counter() - start):
+                stop.set()
+            return result
 
     try:
         start = time.perf_counter()
         results = await asyncio.wait_for(asyncio.gather(*(bounded(b) for b in bodies)), timeout_s)
-        return results, time.perf_counter() - start
+        return [r for r in results if r is not None], time.perf_counter() - start
     finally:
         pool.close()
 

@@ -80,6 +80,7 @@ class TrialSpec:
     deadlines: Deadlines = field(default_factory=Deadlines)
     trust_remote_code: bool = False
     repeats: int = 1  # measured phases on the same server; the result reports their median
+    prune_below_tps: float | None = None  # stop the benchmark once its TPS cannot reach this (see bench.Pruner)
 
     def server_args(self) -> list[str]:
         """The flags as an argv tail, in the spec's order."""
@@ -150,7 +151,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code", "repeats",
-             "heldout_bench"}
+             "heldout_bench", "prune_below_tps"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SpecError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -166,6 +167,9 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     heldout = raw.get("heldout_bench", False)
     if not isinstance(heldout, bool):
         raise SpecError(f"{source}.heldout_bench: {heldout!r} is not true or false")
+    prune = raw.get("prune_below_tps")
+    if prune is not None and (isinstance(prune, bool) or not isinstance(prune, (int, float)) or not 0 <= prune < 1e7):
+        raise SpecError(f"{source}.prune_below_tps: {prune!r} is not a TPS figure")
     deadlines = raw.get("deadlines") or {}
     try:
         deadlines = Deadlines(**{k: float(v) for k, v in deadlines.items()})
@@ -186,6 +190,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         trust_remote_code=trust,
         repeats=repeats,
         heldout_bench=heldout,
+        prune_below_tps=float(prune) if prune is not None else None,
     )
 
 

@@ -59,7 +59,8 @@ def _interrupt(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-async def _measure(server: Server, workload, timeout_s: float) -> tuple[bench.BenchResult, dict]:
+async def _measure(server: Server, workload, timeout_s: float,
+                   pruner: bench.Pruner | None = None) -> tuple[bench.BenchResult, dict]:
     async with httpx.AsyncClient(timeout=5.0) as client:
         before = await metrics.scrape(client, server.base_url)
     sampler = metrics.Sampler(server.base_url)
@@ -67,13 +68,144 @@ async def _measure(server: Server, workload, timeout_s: float) -> tuple[bench.Be
     sampling = asyncio.create_task(sampler.run(stop))
     try:
         results, wall = await bench.run_prompts(server.base_url, server.model_name, workload.prompts(),
-                                                workload, timeout_s)
+                                                workload, timeout_s, pruner)
     finally:
         stop.set()
         await sampling
     async with httpx.AsyncClient(timeout=5.0) as client:
         after = await metrics.scrape(client, server.base_url)
     return bench.summarize(results, wall, workload), metrics.summarize(before, after, sampler)
+
+
+class TrialRun:
+    """One trial's phases, in order, each under its deadline: start, warm-up, benchmark (stopped
+    early when hopeless), held-out benchmark, quality; teardown always. The progress file carries
+    the phase in flight and the trial's marker from before the server exists, so whatever kills
+    this worker, the agent can find and end the server (engine.reap)."""
+
+    def __init__(self, spec: specs.TrialSpec, log_path: Path, progress: Path | None, launcher: tuple[str, ...],
+                 port: int | None):
+        self.spec, self.log_path, self.progress = spec, log_path, progress
+        workload = spec.workload
+        self.result: dict = {
+            "result_version": RESULT_VERSION, "status": "ok", "failure": None,
+            "started_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "model": spec.model, "flags": spec.flags, "env": spec.env,
+            "engine": host.engine(), "hardware": host.hardware(),
+            "workload": {"name": workload.name, "meter_version": workload.meter_version,
+                         "hash": workload.hash, "prompt_split": workload.prompt_split},
+            "quality_set": {"name": spec.quality.name, "hash": spec.quality.hash} if spec.quality else None,
+            "timings": {}, "bench": None, "metrics": None, "quality": None, "log_path": str(log_path),
+        }
+        args = spec.server_args() + (["--trust-remote-code"] if spec.trust_remote_code else [])
+        self.server = Server(spec.model, args, spec.env, log_path, port=port, launcher=launcher)
+        self.result["argv"] = self.server.argv[1:]
+        self.result["port"] = self.server.port
+        self.phase = "start"
+        self.clock = time.monotonic()
+        self.bench_s = spec.deadlines.bench_s or bench.bench_deadline_s(workload)
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.result["timings"][f"{name}_s"] = round(now - self.clock, 2)
+        self.clock = now
+
+    def enter(self, name: str) -> None:
+        self.phase = name
+        if self.progress:
+            pid = self.server.proc.pid if self.server.proc else None
+            # Enough for the agent to end this trial's processes if this worker dies without tearing down.
+            write_json(self.progress, {"phase": name, "server_pid": pid, "port": self.server.port,
+                                       "log": str(self.log_path), "worker_pid": os.getpid(), "token": self.server.token})
+
+    def start(self) -> None:
+        self.enter("start")   # the marker first: a kill during Popen still leaves it findable
+        self.server.start()
+        self.enter("start")
+        with deadline(self.spec.deadlines.start_s + 5, self.phase):
+            self.server.wait_ready(self.spec.deadlines.start_s)
+        self.lap("start")
+
+    def warmup(self) -> None:
+        self.enter("warmup")
+        workload = self.spec.workload
+        with deadline(self.spec.deadlines.warmup_s, self.phase):
+            warm, _ = asyncio.run(bench.run_prompts(self.server.base_url, self.server.model_name,
+                                                    workload.warmup_prompts(), workload, self.spec.deadlines.warmup_s))
+        self.server.fail_if_dead(self.phase)
+        if any(not r.ok for r in warm):
+            raise TrialFailure("request_errors", f"warm-up request failed: {next(r.error for r in warm if not r.ok)}")
+        self.lap("warmup")
+
+    def benchmark(self) -> None:
+        self.enter("benchmark")
+        spec, workload = self.spec, self.spec.workload
+        pruner = (bench.Pruner.for_workload(spec.prune_below_tps, workload)
+                  if spec.prune_below_tps is not None else None)
+        runs = []
+        with deadline(self.bench_s * spec.repeats + 10, self.phase):
+            for _ in range(spec.repeats):
+                runs.append(asyncio.run(_measure(self.server, workload, self.bench_s, pruner)))
+                self.server.fail_if_dead(self.phase)
+                if runs[-1][0].errors or (pruner and pruner.pruned):
+                    break
+        measured, explained = sorted(runs, key=lambda r: r[0].tps)[len(runs) // 2]  # the median repeat
+        self.result["bench"] = {**measured.to_dict(), "repeats_tps": [r[0].tps for r in runs]}
+        self.result["metrics"] = explained
+        self.lap("benchmark")
+        if measured.errors:
+            raise TrialFailure("request_errors", f"{measured.errors} of {measured.requests} requests failed; "
+                                                 f"first: {measured.first_error}")
+        if pruner and pruner.pruned:
+            self.result["status"] = "pruned"
+            self.result["pruned"] = {"after_requests": measured.requests, "of": workload.num_prompts,
+                                     "upper_tps": round(pruner.upper_tps, 3), "below_tps": spec.prune_below_tps}
+            return
+        if measured.output_tokens == 0 or measured.short_outputs:
+            raise TrialFailure("bad_output", f"{measured.short_outputs} of {measured.requests} requests did not "
+                                             f"return the {workload.max_tokens} tokens asked for with ignore_eos")
+
+    def heldout(self) -> None:
+        """Same server, other prompts: the defaults' reference for held-out decisions."""
+        spec = self.spec
+        heldout = spec.workload.with_split("heldout")
+        with deadline(self.bench_s * spec.repeats + 10, self.phase):
+            reps = [asyncio.run(_measure(self.server, heldout, self.bench_s))[0] for _ in range(spec.repeats)]
+        self.server.fail_if_dead(self.phase)
+        median = sorted(reps, key=lambda r: r.tps)[len(reps) // 2]
+        self.result["bench_heldout"] = {**median.to_dict(), "repeats_tps": [r.tps for r in reps], "hash": heldout.hash}
+        self.lap("heldout")
+
+    def quality(self) -> None:
+        self.enter("quality")
+        spec, server = self.spec, self.server
+        with deadline(spec.deadlines.quality_s, self.phase), httpx.Client(timeout=spec.deadlines.quality_s) as client:
+            ppl = quality.perplexity(client, server.base_url, server.model_name, spec.quality)
+            greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality)
+        server.fail_if_dead(self.phase)
+        self.result["quality"] = {"ppl": ppl.ppl, "nll": ppl.nll, "ppl_tokens": ppl.tokens,
+                                  "ppl_windows": ppl.windows, "greedy": greedy}
+        self.lap("quality")
+
+    def teardown(self, device_before: int | None) -> None:
+        result, timings = self.result, self.result["timings"]
+        if f"{self.phase}_s" not in timings:
+            self.lap(self.phase)  # how long the failed phase ran before it ended
+        cleanup = self.server.stop(self.spec.deadlines.teardown_s)
+        self.lap("teardown")
+        result["cleanup"] = {"leftover_pids": cleanup.leftover_pids, "port_free": cleanup.port_free,
+                             "forced_kill": cleanup.forced_kill}
+        held = host.wait_device_memory(device_before)
+        result["cleanup"]["device_memory_held"] = held
+        if (not cleanup.clean or held) and result["failure"] is None:
+            self.phase = "teardown"
+            self.fail("unclean_teardown", held or f"processes {cleanup.leftover_pids} or port {self.server.port} "
+                                                  "still held after teardown")
+        result["failed_phase"] = self.phase if result["failure"] else None
+        self.enter("done")
+
+    def fail(self, klass: str, message: str, tail: str = "") -> None:
+        _fail(self.result, klass, message, tail, self.log_path)
 
 
 def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = None,
@@ -83,143 +215,41 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
     progress, when given, is rewritten with the phase in flight and the server's pid, for the
     agent's display and for tests that act on a phase.
     """
-    workload = spec.workload
-    result: dict = {
-        "result_version": RESULT_VERSION,
-        "status": "ok",
-        "failure": None,
-        "started_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "model": spec.model,
-        "flags": spec.flags,
-        "env": spec.env,
-        "engine": host.engine(),
-        "hardware": host.hardware(),
-        "workload": {"name": workload.name, "meter_version": workload.meter_version,
-                     "hash": workload.hash, "prompt_split": workload.prompt_split},
-        "quality_set": {"name": spec.quality.name, "hash": spec.quality.hash} if spec.quality else None,
-        "timings": {},
-        "bench": None,
-        "metrics": None,
-        "quality": None,
-        "log_path": str(log_path),
-    }
-    args = spec.server_args() + (["--trust-remote-code"] if spec.trust_remote_code else [])
-    server = Server(spec.model, args, spec.env, log_path, port=port, launcher=launcher)
-    result["argv"] = server.argv[1:]
-    result["port"] = server.port
-    timings = result["timings"]
-    phase = "start"
-    clock = time.monotonic()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.monotonic()
-        timings[f"{name}_s"] = round(now - clock, 2)
-        clock = now
-
-    def enter(name: str) -> None:
-        nonlocal phase
-        phase = name
-        if progress:
-            pid = server.proc.pid if server.proc else None
-            # Enough for the agent to end this trial's processes if this worker dies without tearing down.
-            write_json(progress, {"phase": name, "server_pid": pid, "port": server.port, "log": str(log_path),
-                                  "worker_pid": os.getpid(), "token": server.token})
-
+    run = TrialRun(spec, log_path, progress, launcher, port)
     device_before = host.gpu_memory_used_mib()
     try:
-        server.start()
-        enter("start")
-        with deadline(spec.deadlines.start_s + 5, phase):
-            server.wait_ready(spec.deadlines.start_s)
-        lap("start")
-
-        enter("warmup")
-        with deadline(spec.deadlines.warmup_s, phase):
-            warm, _ = asyncio.run(bench.run_prompts(server.base_url, server.model_name,
-                                                    workload.warmup_prompts(), workload,
-                                                    spec.deadlines.warmup_s))
-        server.fail_if_dead(phase)
-        if any(not r.ok for r in warm):
-            raise TrialFailure("request_errors", f"warm-up request failed: {next(r.error for r in warm if not r.ok)}")
-        lap("warmup")
-
-        enter("benchmark")
-        bench_s = spec.deadlines.bench_s or bench.bench_deadline_s(workload)
-        runs = []
-        with deadline(bench_s * spec.repeats + 10, phase):
-            for _ in range(spec.repeats):
-                runs.append(asyncio.run(_measure(server, workload, bench_s)))
-                server.fail_if_dead(phase)
-                if runs[-1][0].errors:
-                    break
-        measured, explained = sorted(runs, key=lambda r: r[0].tps)[len(runs) // 2]  # the median repeat
-        result["bench"] = {**measured.to_dict(), "repeats_tps": [r[0].tps for r in runs]}
-        result["metrics"] = explained
-        lap("benchmark")
-        if measured.errors:
-            raise TrialFailure("request_errors", f"{measured.errors} of {measured.requests} requests failed; "
-                                                 f"first: {measured.first_error}")
-        if measured.output_tokens == 0 or measured.short_outputs:
-            raise TrialFailure("bad_output", f"{measured.short_outputs} of {measured.requests} requests did not "
-                                             f"return the {workload.max_tokens} tokens asked for with ignore_eos")
-
-        if spec.heldout_bench:  # same server, other prompts: the reference for held-out re-checks
-            heldout = workload.with_split("heldout")
-            with deadline(bench_s * spec.repeats + 10, phase):
-                reps = [asyncio.run(_measure(server, heldout, bench_s))[0] for _ in range(spec.repeats)]
-            server.fail_if_dead(phase)
-            median = sorted(reps, key=lambda r: r.tps)[len(reps) // 2]
-            result["bench_heldout"] = {**median.to_dict(), "repeats_tps": [r.tps for r in reps],
-                                       "hash": heldout.hash}
-            lap("heldout")
-
-        if spec.quality is not None:  # None: a speed re-check, quality was measured already
-            enter("quality")
-            with deadline(spec.deadlines.quality_s, phase), httpx.Client(timeout=spec.deadlines.quality_s) as client:
-                ppl = quality.perplexity(client, server.base_url, server.model_name, spec.quality)
-                greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality)
-            server.fail_if_dead(phase)
-            result["quality"] = {"ppl": ppl.ppl, "nll": ppl.nll, "ppl_tokens": ppl.tokens,
-                                 "ppl_windows": ppl.windows, "greedy": greedy}
-            lap("quality")
+        run.start()
+        run.warmup()
+        run.benchmark()
+        if run.result["status"] != "pruned":
+            if spec.heldout_bench:
+                run.heldout()
+            if spec.quality is not None:  # None: a speed re-check, quality was measured already
+                run.quality()
     except TrialFailure as failure:
-        _fail(result, failure.klass, failure.message, failure.log_tail, log_path)
+        run.fail(failure.klass, failure.message, failure.log_tail)
     except PhaseTimeout:
-        if phase == "start":
-            _fail(result, "start_timeout", f"server not ready after {spec.deadlines.start_s:.0f} s", "", log_path)
+        if run.phase == "start":
+            run.fail("start_timeout", f"server not ready after {spec.deadlines.start_s:.0f} s")
         else:
-            _fail(result, "crashed", f"server stopped answering: {phase} passed its deadline", "", log_path)
+            run.fail("crashed", f"server stopped answering: {run.phase} passed its deadline")
     except Interrupted as e:
-        _fail(result, "interrupted", f"worker received {e} during {phase}", "", log_path)
+        run.fail("interrupted", f"worker received {e} during {run.phase}")
     except httpx.HTTPError as e:
         try:
-            server.fail_if_dead(phase)
-            _fail(result, "request_errors", f"{phase}: {type(e).__name__}: {e}", "", log_path)
+            run.server.fail_if_dead(run.phase)
+            run.fail("request_errors", f"{run.phase}: {type(e).__name__}: {e}")
         except TrialFailure as failure:
-            _fail(result, failure.klass, failure.message, failure.log_tail, log_path)
+            run.fail(failure.klass, failure.message, failure.log_tail)
     except Exception as e:  # noqa: BLE001 - a worker bug must still become a result, not a hang
-        _fail(result, "worker_error", f"{phase}: {type(e).__name__}: {e}", "", log_path)
+        run.fail("worker_error", f"{run.phase}: {type(e).__name__}: {e}")
     finally:
         # Let teardown finish before we go. A Python handler, not SIG_IGN: an ignored signal
         # would be inherited by every server started later from this process.
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
-        if f"{phase}_s" not in timings:
-            lap(phase)  # how long the failed phase ran before it ended
-        cleanup = server.stop(spec.deadlines.teardown_s)
-        lap("teardown")
-        result["cleanup"] = {"leftover_pids": cleanup.leftover_pids, "port_free": cleanup.port_free,
-                             "forced_kill": cleanup.forced_kill}
-        held = host.wait_device_memory(device_before)
-        result["cleanup"]["device_memory_held"] = held
-        if (not cleanup.clean or held) and result["failure"] is None:
-            phase = "teardown"
-            _fail(result, "unclean_teardown", held or f"processes {cleanup.leftover_pids} or port {server.port} "
-                                                      "still held after teardown", "", log_path)
-        result["failed_phase"] = phase if result["failure"] else None
-        enter("done")
+        run.teardown(device_before)
         signal.signal(signal.SIGTERM, previous)
-    return result
+    return run.result
 
 
 def _fail(result: dict, klass: str, message: str, tail: str, log_path: Path) -> None:
@@ -260,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run_trial(spec, log_path, args.progress)
     write_json(args.out, result)
     line = (f"{result['status']}: {result['failure']['class']}: {result['failure']['message']}"
-            if result["failure"] else
-            f"ok: {result['bench']['tps']} tok/s, ppl {result['quality']['ppl']}")
+            if result["failure"] else f"pruned: {result['pruned']}" if result["status"] == "pruned" else
+            f"ok: {result['bench']['tps']} tok/s, ppl {(result['quality'] or {}).get('ppl')}")
     print(line, file=sys.stderr)
     return 0
 

@@ -45,6 +45,13 @@ class FakeEngine:
         tps *= 1 + 0.005 * (self.calls % 3)          # instance-to-instance noise, about ±0.5%
         if self.slowdown and self.calls > self.slowdown[0]:
             tps *= self.slowdown[1]
+        if spec.get("prune_below_tps") and tps < spec["prune_below_tps"]:   # the worker's Pruner, in one line
+            return {"status": "pruned", "failure": None, "log_path": str(trial_dir / "server.log"),
+                    "pruned": {"after_requests": 3, "of": 4, "upper_tps": round(tps * 4 / 3, 3),
+                               "below_tps": spec["prune_below_tps"]},
+                    "workload": {"name": spec["workload"], "hash": "fake", "meter_version": 1},
+                    "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps], "requests": 3},
+                    "quality": None, "metrics": {}, "timings": {"start_s": 0.01, "benchmark_s": 0.01}}
         ppl = 8.5 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 8.0
         greedy = [list(g) for g in GREEDY]
         if flags.get("block-size") == 128:          # a "lossless" knob that is not: flips one token

@@ -54,6 +54,26 @@ def test_failures_are_classified_and_fed_back_to_the_sampler(night):
         assert told.value == 0.0 and told.user_attrs["constraint"] == [1.0]
 
 
+def test_hopeless_configs_are_pruned_told_to_optuna_as_pruned_and_the_run_stays_consistent(night):
+    from agent import recovery
+
+    ledger, repo, run, tmp_path, _ = night
+    trials = ledger.trials("r1")
+    pruned = [t for t in trials if t.status == "pruned"]
+    assert pruned and all(t.params.get("enforce-eager") for t in pruned)   # the fake's 0.8x knob, nothing else
+    assert all(t.decision == "pruned" and t.ppl is None and t.tps_ratio < 0.9 and "pruned after 3 of 4" in
+               t.gate_reasons[0] for t in pruned)
+    # Never the defaults' instances, and never a config that is as fast as the defaults.
+    assert not any(t.status == "pruned" for t in trials if t.source in ("baseline", "aa", "drift", "extra"))
+    assert not any(t.status == "pruned" and not t.params.get("enforce-eager") for t in trials)
+    study = optuna.load_study(study_name="r1", storage=f"sqlite:///{tmp_path / 'optuna.sqlite'}")
+    states = {t.number: t for t in study.trials}
+    for t in pruned:
+        told = states[t.optuna_number]
+        assert told.state == optuna.trial.TrialState.PRUNED and told.intermediate_values == {0: t.tps_ratio}
+    assert recovery.problems(ledger, run, f"sqlite:///{tmp_path / 'optuna.sqlite'}", repo) == []
+
+
 def test_gate_rejects_lossy_quality_loss_and_broken_lossless_claims(night):
     ledger, _, _, _, _ = night
     ran = [t for t in ledger.trials("r1") if t.status == "ok" and t.source in ("planner", "sampler")]

@@ -50,7 +50,7 @@ def test_sigkill_twice_then_resume_ends_on_the_deadline_consistent(tmp_path, see
     trials = ledger.trials("crash")
     assert [t.number for t in trials] == list(range(len(trials)))   # none lost, none counted twice
     assert sum(t.source == "baseline" for t in trials) == 2         # the baseline is not measured again
-    assert all(t.status in ("ok", "failed", "skipped", "interrupted") for t in trials)
+    assert all(t.status in ("ok", "failed", "skipped", "interrupted", "pruned") for t in trials)
     assert sorted(t.branch for t in trials if t.branch) == gitops.branches(repo)
 
 

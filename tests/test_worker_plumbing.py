@@ -198,3 +198,24 @@ def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake
     assert info["server_pid"] in killed
     assert not psutil.pid_exists(info["server_pid"]) or psutil.Process(info["server_pid"]).status() == "zombie"
     assert server_mod.port_is_free(info["port"])
+
+
+def test_a_hopeless_benchmark_is_pruned_after_a_few_requests_and_skips_quality(tmp_path, fake_mode):
+    fake_mode("ok")
+    spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
+                            "prune_below_tps": 1e6, "repeats": 2})   # a threshold no server reaches
+    result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
+    assert result["status"] == "pruned" and result["failure"] is None
+    assert result["pruned"]["after_requests"] == 3 and result["pruned"]["of"] == 4
+    assert result["pruned"]["upper_tps"] < 1e6
+    assert result["bench"]["requests"] == 3 and len(result["bench"]["repeats_tps"]) == 1 and result["quality"] is None
+    assert "quality_s" not in result["timings"]
+    assert_clean(result)
+
+
+def test_a_benchmark_that_can_reach_the_threshold_is_never_pruned(tmp_path, fake_mode):
+    fake_mode("ok")
+    spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
+                            "prune_below_tps": 1.0})
+    result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
+    assert result["status"] == "ok" and result["bench"]["requests"] == 4 and result["quality"]["ppl"] > 0
