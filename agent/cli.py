@@ -90,6 +90,8 @@ def run(
                                                  "search instance alone)."),
     kl_max: float = typer.Option(G.kl_max, min=0, help="Refuse configs whose mean KL divergence from the defaults' "
                                                        "top-5 next-token distributions is above this (nats)."),
+    kl_max_lossy: float = typer.Option(G.kl_max_lossy, min=0, help="The KL bound for lossy configs (fp8 and the "
+                                                                   "like) when --kl-max is not given (nats)."),
     slo_ttft_p99_ms: float = typer.Option(G.ttft_p99_ms_max, min=0, help="SLO: refuse configs whose p99 time to "
                                                                         "first token is above this."),
     slo_itl_p99_ms: float = typer.Option(G.itl_p99_ms_max, min=0, help="SLO: refuse configs whose p99 inter-token "
@@ -216,7 +218,7 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
 
 # A run written by an older version lacks the newer settings: they take today's defaults.
 DEFAULTS = {"quality": "default", "ppl_tolerance": G.ppl_tolerance, "ppl_max": G.ppl_max, "min_gain": G.min_gain,
-            "kl_max": G.kl_max, "slo_ttft_p99_ms": G.ttft_p99_ms_max, "slo_itl_p99_ms": G.itl_p99_ms_max,
+            "kl_max": G.kl_max, "kl_max_lossy": G.kl_max_lossy, "slo_ttft_p99_ms": G.ttft_p99_ms_max, "slo_itl_p99_ms": G.itl_p99_ms_max,
             "max_instances": G.max_instances, "exact": G.exact, "baseline_instances": S.baseline_instances,
             "repeats": S.repeats, "seed": S.seed, "sampler_per_planner": S.sampler_per_planner, "sampler": S.sampler,
             "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every, "planner": "builtin",
@@ -236,7 +238,7 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     o = {**DEFAULTS, **row.settings}  # a run written by an older version lacks the newer settings
     meter = load_workload(row.workload)
     gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
-                        kl_max=o["kl_max"], ttft_p99_ms_max=o["slo_ttft_p99_ms"], itl_p99_ms_max=o["slo_itl_p99_ms"],
+                        kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"], itl_p99_ms_max=o["slo_itl_p99_ms"],
                         max_instances=o["max_instances"], exact=o["exact"])
     settings = Settings(model=row.model, workload=row.workload, quality=o["quality"], gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],

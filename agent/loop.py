@@ -87,6 +87,7 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
                                 sampler=make_sampler(settings))
     sampler_space = narrowed(space, ledger.narrowings(run.id))
     seen, since_planner = told_so_far(study, settings)
+    near = space.near_defaults(defaults, settings.seed)   # one knob at a time first, then the sampler's model
     repeats_in_a_row = 0
     while True:
         history, rules = ledger.trials(run.id), ledger.learned_rules(run.id)   # the run's state, once per step
@@ -99,12 +100,15 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         if since_planner >= settings.sampler_per_planner and not waiting(study):
             enqueue(study, planner.propose(space, run, history, facts_for(settings, rules), k=1))
             sampler_space = narrow(sampler_space, planner, history, ledger, run, say)
+        elif not waiting(study) and (first := next_near(near, seen, sampler_space)):
+            study.enqueue_trial(first, user_attrs={"source": "sampler", "knobs": list(first), "rationale":
+                                                   "one knob changed from the engine's defaults"})
         trial = study.ask()
         source = trial.user_attrs.get("source", "sampler")
-        # A planner's proposal is exactly its knobs (the rest stay at engine defaults); the
-        # sampler's own trials walk the whole space, within any range a planner narrowed.
+        # A planner's proposal or a first single-knob point is exactly its knobs (the rest stay at
+        # engine defaults); the sampler's own trials walk the whole space, within any narrowed range.
         point = ({n: space.knobs[n].suggest(trial) for n in trial.user_attrs["knobs"]}
-                 if source == "planner" else sampler_space.sample(trial))
+                 if "knobs" in trial.user_attrs else sampler_space.sample(trial))
         since_planner = 0 if source == "planner" else since_planner + 1
         key = repr(sorted(point.items()))
         if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
@@ -204,6 +208,11 @@ def facts_for(settings: Settings, rules: list[LearnedRule]) -> dict:
         return settings.facts
     return {**settings.facts, "refused_by_vllm_this_run": [f"{refusals.describe(r.settings)}: {r.message[:200]}"
                                                            for r in rules]}
+
+
+def next_near(near: list[dict], seen: dict, space: Space) -> dict | None:
+    """The next single-knob point not yet answered and inside any range a planner narrowed."""
+    return next((p for p in near if repr(sorted(p.items())) not in seen and not space.problems(p)), None)
 
 
 def told(row: Trial) -> tuple[float, float]:

@@ -105,6 +105,38 @@ class Space:
                 point[knob.name] = knob.suggest(trial)
         return point
 
+    def near_defaults(self, defaults: dict[str, list | None], seed: int = 0) -> list[dict]:
+        """Points that change one knob from the engine's defaults (a choice that brings conditional
+        knobs along sets them to the middle of their range), in a seeded order: where a search
+        starts, so the first trials say what each knob does alone rather than what a random
+        combination of all of them does. Points the space's rules exclude are left out."""
+        import random
+
+        out = []
+        for knob in self.knobs.values():
+            if knob.when:
+                continue
+            default = defaults.get(knob.name) or []
+            if knob.type == "bool":
+                values = [v for v in (True, False) if v not in default][:1]
+            elif knob.type == "categorical":
+                values = [c for c in knob.choices if c not in default and c != NONE]
+            else:
+                values = [v for v in (knob.low, knob.high) if v not in default]
+                values = [int(v) for v in values] if knob.type == "int" else values
+            for value in values:
+                point = {knob.name: value}
+                for child in self.knobs.values():
+                    if child.when and child.applies(point) and child.type in ("int", "float"):
+                        middle = (child.low + child.high) / 2
+                        point[child.name] = int(round(middle)) if child.type == "int" else middle
+                    elif child.when and child.applies(point):
+                        point[child.name] = child.choices[0] if child.choices else False
+                if not self.problems(point):
+                    out.append(point)
+        random.Random(seed).shuffle(out)
+        return out
+
     def problems(self, point: dict) -> list[str]:
         """Everything that makes point not a valid point of this space (empty when valid)."""
         out = []
@@ -166,7 +198,7 @@ class Space:
             elif "." in name:
                 flag, key = name.split(".", 1)
                 flags.setdefault(flag, {})[key] = value
-            else:
+            elif value != NONE:   # a plain flag set to "none" is left out: vLLM's own default
                 flags[name] = value
         for flag, sub in list(flags.items()):  # a JSON flag whose method is "none" is left out
             if isinstance(sub, dict) and sub.get("method") == NONE:

@@ -176,3 +176,30 @@ def test_constraint_is_infeasible_for_quality_refusals_and_feasible_for_slow_con
     late = result(14.0, greedy(IDS), ttft=150.0)
     assert gate.constraint(check(late, base, True, slo), late, slo) == pytest.approx(0.5)
     assert gate.constraint(check({"status": "failed"}, base, True), {"status": "failed"}, GateSettings()) == 1.0
+
+
+def test_lossy_configs_are_held_to_a_kl_bound_by_default_and_kl_max_overrides_it():
+    base = steady_base()
+    shifted = greedy(IDS)
+    for row in shifted["tops"]:          # every position's distribution moved: top-1 less sure of itself
+        for d in row:
+            first, second = list(d)
+            d[first], d[second] = -0.5, -1.0
+    lossy = check(result(13.0, shifted), base, lossless=False)
+    assert not lossy.passed and "(the bound for lossy configs)" in lossy.reasons[0] and lossy.kl > 0.05
+    # the same figures from a lossless knob are judged by the greedy rule, not the lossy KL bound
+    assert not any("lossy" in r for r in check(result(13.0, shifted), base, lossless=True).reasons)
+    assert check(result(13.0, shifted), base, lossless=False, settings=GateSettings(kl_max=10.0)).passed
+
+
+def test_the_held_out_decision_uses_only_instances_of_the_defaults_that_did_not_screen_the_candidate():
+    base = steady_base()
+    assert base.heldout == []          # the baseline instances screen; the decision measures its own
+    measured = []
+
+    def more_defaults():
+        measured.append(10.0)
+        return 10.0
+
+    d = decide(14.0, base, GateSettings(), lambda: 14.0, more_defaults)
+    assert measured and d.extra_defaults == measured and d.comparison.defaults == len(measured)
