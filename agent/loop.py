@@ -61,6 +61,12 @@ class Settings:
     recheck: bool = True           # re-measure an accepted config on a fresh server and held-out prompts
     drift_every: int = 10          # candidate trials between two re-measurements of the baseline (0: never)
     facts: dict = field(default_factory=dict)  # hardware and workload facts for the planner
+    # What keeps a night on configs that can run and might win (off only for scripts/bench_search.py's
+    # "before" arm): vLLM's pre-flight and learned refusals, pruning hopeless benchmarks, and
+    # single-knob changes from the defaults before the sampler's own points.
+    preflight: bool = True
+    prune: bool = True
+    near_start: bool = True
 
 
 class BaselineFailed(RuntimeError):
@@ -87,10 +93,11 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
                                 sampler=make_sampler(settings))
     sampler_space = narrowed(space, ledger.narrowings(run.id))
     seen, since_planner = told_so_far(study, settings)
-    near = space.near_defaults(defaults, settings.seed)   # one knob at a time first, then the sampler's model
+    near = space.near_defaults(defaults, settings.seed) if settings.near_start else []   # one knob at a time first
     repeats_in_a_row = 0
     while True:
-        history, rules = ledger.trials(run.id), ledger.learned_rules(run.id)   # the run's state, once per step
+        history = ledger.trials(run.id)   # the run's state, read once per step
+        rules = ledger.learned_rules(run.id) if settings.preflight else []
         base = baseline_from(history, settings.gate)
         if (left := seconds_left(run.deadline_at)) <= expected_trial_s(history) or spent(history, settings):
             break
@@ -124,10 +131,12 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
             best=best_ratio(history), rationale=row.rationale)
         if why := excluded(point, space, rules, preflight, row):
             finish(ledger, row, constraint=1.0, failure_class="invalid_config", **why)
+            say("result", number=row.number, row=ledger.trial(run.id, row.number))
         else:
             evaluate(run, row, settings, ledger, engine, base, history, repo, left, say)
         row = ledger.trial(run.id, row.number)
-        learn(run, row, point, space, defaults, preflight, ledger, say)
+        if settings.preflight:
+            learn(run, row, point, space, defaults, preflight, ledger, say)
         seen[key] = told(row)
         tell(study, trial, *seen[key], pruned=row.status == "pruned")
         if row.failure_class == "unclean_teardown":
@@ -144,7 +153,7 @@ def preflight_for(run: Run, settings: Settings, space: Space, engine: Engine, sa
     """vLLM's own config checks for points of this space, or None where they cannot be trusted: the
     engine has none, or they refuse the defaults themselves (which did just start), so a refusal
     would say more about the pre-flight than about the point."""
-    if not hasattr(engine, "preflight"):
+    if not settings.preflight or not hasattr(engine, "preflight"):
         return None
     flags, env = space.to_flags_env({})
     answer = engine.preflight(settings.model, flags, env)
@@ -494,7 +503,8 @@ def check_drift(run: Run, settings: Settings, space: Space, ledger: Ledger, engi
 def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Engine, base: Baseline,
              history: list[Trial], repo, timeout_s: float, say: Callable) -> None:
     """Run one candidate, gate it, decide it, propose it if accepted: all of it in its ledger row."""
-    result = run_worker(run, row, settings, engine, timeout_s, say, prune_below_tps=gate.prune_below(base))
+    result = run_worker(run, row, settings, engine, timeout_s, say,
+                        prune_below_tps=gate.prune_below(base) if settings.prune else None)
     record(ledger, row, result)
     if result.get("status") == "pruned":
         pruned(row, result, base, ledger, say)

