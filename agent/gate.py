@@ -317,6 +317,11 @@ def constraint(verdict: Verdict, result: dict, settings: GateSettings) -> float:
     return round(max(worst, 1e-3), 4) if worst > 0 else 1.0
 
 
+def screen_tps(base: Baseline, settings: GateSettings) -> float:
+    """The TPS a candidate's search instance must exceed to pass the screen (see check)."""
+    return round(base.tps * base.drift * (1 + settings.min_gain), 3)
+
+
 PRUNE_LEVEL = 0.999   # a config is stopped only when even this unlucky an instance of it could not be slower
 
 

@@ -34,6 +34,8 @@ def _line(event: str, info: dict) -> str | None:
         return f"drift check: defaults at {info['factor']:.3f}x of the baseline; correction {info['applied']}"
     if event == "result":
         t = info["row"]
+        if t.decision == "speed-only":
+            return f"trial {t.number}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x); rejected: {escape(t.gate_reasons[0])}"
         if t.status == "pruned":
             return f"trial {t.number} [yellow]pruned[/] at {t.tps:.2f} tok/s: {escape((t.gate_reasons or [''])[0])}"
         if t.status != "ok":

@@ -504,10 +504,14 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
              history: list[Trial], repo, timeout_s: float, say: Callable) -> None:
     """Run one candidate, gate it, decide it, propose it if accepted: all of it in its ledger row."""
     result = run_worker(run, row, settings, engine, timeout_s, say,
-                        prune_below_tps=gate.prune_below(base) if settings.prune else None)
+                        prune_below_tps=gate.prune_below(base) if settings.prune else None,
+                        quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None)
     record(ledger, row, result)
     if result.get("status") == "pruned":
         pruned(row, result, base, ledger, say)
+        return
+    if result.get("quality_skipped"):
+        speed_only(row, result, base, ledger, say)
         return
     verdict = gate.check(result, base, row.lossless, settings.gate)
     constraint = gate.constraint(verdict, result, settings.gate)
@@ -530,6 +534,16 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
         if accepted:
             propose(run, row, result, settings, ledger, base, history, repo)
     say("result", number=row.number, row=ledger.trial(run.id, row.number))
+
+
+def speed_only(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Callable) -> None:
+    """Measured to the end but not faster than the defaults, so its quality was not measured: no
+    quality verdict can change the outcome. Recorded apart (decision `speed-only`), feasible for Optuna."""
+    ratio = round(result["bench"]["tps"] / (base.tps * base.drift), 4)
+    finish(ledger, row, tps_ratio=ratio, gate_passed=False, decision="speed-only", constraint=0.0, drift=base.drift,
+           gate_reasons=[f"not faster on the search prompts: {ratio:.3f}x the defaults; quality not measured "
+                         f"(speed only: {result['quality_skipped']})"])
+    say("result", number=row.number, row=ledger.trial(row.run_id, row.number))
 
 
 def pruned(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Callable) -> None:

@@ -81,6 +81,7 @@ class TrialSpec:
     trust_remote_code: bool = False
     repeats: int = 1  # measured phases on the same server; the result reports their median
     prune_below_tps: float | None = None  # stop the benchmark once its TPS cannot reach this (see bench.Pruner)
+    quality_above_tps: float | None = None  # measure quality only when the benchmark's TPS is above this
 
     def server_args(self) -> list[str]:
         """The flags as an argv tail, in the spec's order."""
@@ -151,7 +152,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code", "repeats",
-             "heldout_bench", "prune_below_tps"}
+             "heldout_bench", "prune_below_tps", "quality_above_tps"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SpecError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -167,9 +168,11 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     heldout = raw.get("heldout_bench", False)
     if not isinstance(heldout, bool):
         raise SpecError(f"{source}.heldout_bench: {heldout!r} is not true or false")
-    prune = raw.get("prune_below_tps")
-    if prune is not None and (isinstance(prune, bool) or not isinstance(prune, (int, float)) or not 0 <= prune < 1e7):
-        raise SpecError(f"{source}.prune_below_tps: {prune!r} is not a TPS figure")
+    for key in ("prune_below_tps", "quality_above_tps"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e7):
+            raise SpecError(f"{source}.{key}: {value!r} is not a TPS figure")
+    prune, quality_above = raw.get("prune_below_tps"), raw.get("quality_above_tps")
     deadlines = raw.get("deadlines") or {}
     try:
         deadlines = Deadlines(**{k: float(v) for k, v in deadlines.items()})
@@ -191,6 +194,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         repeats=repeats,
         heldout_bench=heldout,
         prune_below_tps=float(prune) if prune is not None else None,
+        quality_above_tps=float(quality_above) if quality_above is not None else None,
     )
 
 

@@ -225,7 +225,11 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
             if spec.heldout_bench:
                 run.heldout()
             if spec.quality is not None:  # None: a speed re-check, quality was measured already
-                run.quality()
+                if spec.quality_above_tps is None or run.result["bench"]["tps"] > spec.quality_above_tps:
+                    run.quality()
+                else:   # too slow to be accepted whatever its quality: the seconds go to the next trial
+                    run.result["quality_skipped"] = (f"{run.result['bench']['tps']} tok/s is not above "
+                                                     f"{spec.quality_above_tps}")
     except TrialFailure as failure:
         run.fail(failure.klass, failure.message, failure.log_tail)
     except PhaseTimeout:

@@ -53,6 +53,7 @@ class FakeEngine:
                     "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps], "requests": 3},
                     "quality": None, "metrics": {}, "timings": {"start_s": 0.01, "benchmark_s": 0.01}}
         ppl = 8.5 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 8.0
+        skip_quality = spec.get("quality_above_tps") is not None and tps <= spec["quality_above_tps"]
         greedy = [list(g) for g in GREEDY]
         if flags.get("block-size") == 128:          # a "lossless" knob that is not: flips one token
             greedy[0][2] += 1
@@ -62,7 +63,8 @@ class FakeEngine:
             "workload": {"name": spec["workload"], "hash": "fake", "meter_version": 1},
             "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps, tps * 1.002, tps * 0.998],
                       "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}},
-            "quality": None if spec.get("quality") == "none" else
+            **({"quality_skipped": "slower"} if skip_quality else {}),
+            "quality": None if spec.get("quality") == "none" or skip_quality else
                        {"ppl": ppl, "greedy": [{"token_ids": g, "top_logprobs": t} for g, t in zip(greedy, TOPS)]},
             "metrics": {"kv_cache_usage_max": 0.1}, "timings": {"start_s": 0.01},
             "engine": {"name": "fake", "version": "0"}, "hardware": {"kind": "cpu"},

@@ -72,11 +72,18 @@ def test_hopeless_configs_are_pruned_told_to_optuna_as_pruned_and_the_run_stays_
         told = states[t.optuna_number]
         assert told.state == optuna.trial.TrialState.PRUNED and told.intermediate_values == {0: t.tps_ratio}
     assert recovery.problems(ledger, run, f"sqlite:///{tmp_path / 'optuna.sqlite'}", repo) == []
+    # Measured to the end but no faster than the defaults: quality is not measured, and it says so.
+    slower = [t for t in trials if t.decision == "speed-only"]
+    assert all(t.status == "ok" and t.ppl is None and t.tps_ratio <= 1.0 and "speed only" in t.gate_reasons[0]
+               for t in slower)
+    assert all(t.ppl is not None for t in trials
+               if t.status == "ok" and t.decision != "speed-only" and t.source in ("planner", "sampler"))
 
 
 def test_gate_rejects_lossy_quality_loss_and_broken_lossless_claims(night):
     ledger, _, _, _, _ = night
-    ran = [t for t in ledger.trials("r1") if t.status == "ok" and t.source in ("planner", "sampler")]
+    ran = [t for t in ledger.trials("r1") if t.status == "ok" and t.source in ("planner", "sampler")
+           and t.decision != "speed-only"]   # quality measured: faster than the defaults
     fp8 = [t for t in ran if str(t.params.get("kv-cache-dtype", "auto")).startswith("fp8")]
     assert fp8 and all(not t.gate_passed and any("perplexity" in r for r in t.gate_reasons) for t in fp8)
     # The fake's block size 128 flips a clear token: a lossless claim it breaks. Sampled points at

@@ -219,3 +219,12 @@ def test_a_benchmark_that_can_reach_the_threshold_is_never_pruned(tmp_path, fake
                             "prune_below_tps": 1.0})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
     assert result["status"] == "ok" and result["bench"]["requests"] == 4 and result["quality"]["ppl"] > 0
+
+
+def test_quality_is_measured_only_when_the_speed_could_pass(tmp_path, fake_mode):
+    fake_mode("ok")
+    spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
+                            "quality_above_tps": 1e6})
+    result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
+    assert result["status"] == "ok" and result["quality"] is None and "is not above" in result["quality_skipped"]
+    assert result["bench"]["requests"] == 4 and "quality_s" not in result["timings"]
