@@ -40,9 +40,9 @@ class GateSettings:
                                        # gamed in the challenge, while KL on greedy paths reads every position
     ttft_p99_ms_max: float | None = None   # SLO bounds: a faster config that breaks one is refused
     itl_p99_ms_max: float | None = None
-    level: float = 0.985               # one-sided level of each bound, per look of the sequential test
+    level: float = 0.99                # one-sided level of each bound, per look of the sequential test
     detect: float = 0.10               # the gain the test is sized for: refused once the bounds exclude it
-    max_instances: int = 10            # fresh candidate instances at most in one held-out decision
+    max_instances: int = 16            # fresh candidate instances at most in one held-out decision
     exact: bool = False                # greedy outputs must match token for token (batch-invariant mode)
     noisy: float = 0.06                # instance log-sd above which the defaults get more instances...
     max_defaults: int = 6              # ...up to this many (the baseline's, the A/A's and later ones)
@@ -401,7 +401,7 @@ def sized_gain(settings: GateSettings, noise: Noise) -> float:
 
 
 SIZED_SD = 1.5
-WALD_LOWER = math.log(0.10 / (1 - 0.05))   # Wald's boundary for 5% false acceptance, 10% false refusal
+WALD_LOWER = math.log(0.05 / (1 - 0.05))   # Wald's lower boundary for 5% false refusal at the sized gain
 
 
 def _favours_no_gain(c: Comparison, noise: Noise, floor: float, target: float) -> bool:

@@ -541,6 +541,7 @@ def speed_only(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Ca
     quality verdict can change the outcome. Recorded apart (decision `speed-only`), feasible for Optuna."""
     ratio = round(result["bench"]["tps"] / (base.tps * base.drift), 4)
     finish(ledger, row, tps_ratio=ratio, gate_passed=False, decision="speed-only", constraint=0.0, drift=base.drift,
+           tps_corrected=round(row.tps / base.drift, 3),
            gate_reasons=[f"not faster on the search prompts: {ratio:.3f}x the defaults; quality not measured "
                          f"(speed only: {result['quality_skipped']})"])
     say("result", number=row.number, row=ledger.trial(row.run_id, row.number))
@@ -552,6 +553,7 @@ def pruned(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Callab
     p = result["pruned"]
     ratio = round(result["bench"]["tps"] / (base.tps * base.drift), 4)
     finish(ledger, row, tps_ratio=ratio, gate_passed=False, decision="pruned", constraint=0.0, drift=base.drift,
+           tps_corrected=round(row.tps / base.drift, 3),
            gate_reasons=[f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} "
                          f"tok/s, below {p['below_tps']:.2f} (the defaults' {base.tps * base.drift:.2f} less the "
                          f"spread of one instance at {gate.PRUNE_LEVEL:.1%})"])
