@@ -36,8 +36,9 @@ class GateSettings:
     ppl_max: float | None = None       # optional absolute bound
     min_gain: float = 0.0              # the held-out ratio's lower bound must clear 1 + min_gain
     kl_max: float | None = None        # optional: mean KL divergence (nats) from the defaults' top-k, every config
-    kl_max_lossy: float = 0.05         # the same bound, on by default for lossy configs: perplexity alone was
-                                       # gamed in the challenge, while KL on greedy paths reads every position
+    kl_max_lossy: float = 0.005        # the same bound, on by default for lossy configs: perplexity alone was
+                                       # gamed in the challenge. H200: online fp8 weights 0.0071 (PPL +17.5%),
+                                       # ngram_gpu 0.00027 (numerics only): docs/results.md
     ttft_p99_ms_max: float | None = None   # SLO bounds: a faster config that breaks one is refused
     itl_p99_ms_max: float | None = None
     level: float = 0.99                # one-sided level of each bound, per look of the sequential test

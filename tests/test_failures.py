@@ -56,6 +56,19 @@ def test_a_worker_process_error_under_its_prefix_is_the_root_cause():
     assert said.startswith("ValueError: Available memory on node 0") and "Engine core" not in said
 
 
+@pytest.mark.parametrize("name, cause", [
+    # Real: vLLM 0.26.0 on an H200 (SM90), Gemma 3 270M, 2026-11-30.
+    ("gpu_async_ngram_refused.log", "1 validation error for VllmConfig: Currently, async scheduling is only "
+     "supported with EAGLE/MTP/Draft Model/NGram GPU/DSpark kind of speculative decoding"),
+    ("gpu_flashinfer_sm90_refused.log", "NotImplementedError: FlashInfer backend on SM90 currently crashes with "
+     "sliding-window attention layers. Use the default attention backend."),
+])
+def test_root_cause_of_real_gpu_refusals_is_the_engine_cores_not_the_wrappers(name, cause):
+    text = (LOGS / name).read_text()
+    assert "RuntimeError: Engine core initialization failed" in text or "Error" in text
+    assert classify_log(text) == "invalid_config" and root_cause(text) == cause
+
+
 @pytest.mark.parametrize("text, cause", [
     ("(EngineCore_DP0 pid=9) ERROR 11-30 12:00:00 [core.py:1] NotImplementedError: FlashInfer backend on SM90 "
      "currently crashes with sliding-window attention layers. Use the default attention backend.\n"

@@ -84,8 +84,9 @@ def test_a_flip_at_a_clear_margin_is_refused_naming_prompt_position_tokens_and_m
     outside["ids"][5][1] = 999
     verdict = check(result(14.0, outside), base, lossless=True)
     assert "outside the top-k" in verdict.reasons[0]
-    # A lossy config is not held to greedy equivalence (perplexity still is).
-    assert check(result(14.0, outside), base, lossless=False).passed
+    # A lossy config is not held to greedy equivalence (perplexity and its KL bound still are).
+    assert check(result(14.0, outside), base, lossless=False, settings=GateSettings(kl_max_lossy=1.0)).passed
+    assert "the bound for lossy configs" in check(result(14.0, outside), base, lossless=False).reasons[0]
 
 
 def test_a_config_that_flips_every_near_tie_is_not_lossless():
