@@ -528,7 +528,9 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
     if result.get("status") != "ok":
         say("result", number=row.number, row=row)
         return
-    if verdict.passed:
+    if verdict.passed and (by := slower_than_proposed(row, history, base, settings.gate)):
+        ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*verdict.reasons, by])
+    elif verdict.passed:
         accepted = held_out(run, row, settings, ledger, engine, base, history, say) if settings.recheck else \
             search_only(row, verdict, settings, ledger)
         if accepted:
@@ -643,6 +645,19 @@ def propose(run: Run, row: Trial, result: dict, settings: Settings, ledger: Ledg
         ledger.update(row, branch=branch, commit=commit)
     except gitops.RepoError as e:
         ledger.update(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])
+
+
+def slower_than_proposed(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:
+    """A candidate slower than a branch already proposed, on the same search prompts and beyond the
+    noise, cannot be branched whatever its held-out decision says: no fresh servers for it."""
+    # Every config's repeated held-out instances are more evidence of the instance noise.
+    noise = pooled_noise([base.search, *base.noise_groups, *(t.heldout_instances for t in history if t.heldout_instances)])
+    for other in (t for t in history if t.branch and t.tps):
+        c = compare([row.tps], [other.tps], noise, settings.level)
+        if c.high < 1:
+            return (f"dominated on the search prompts: {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of {other.branch}, "
+                    f"slower beyond the noise: no held-out decision, not branched")
+    return None
 
 
 def dominated_by(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:
