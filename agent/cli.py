@@ -86,6 +86,9 @@ def run(
                                              "GPUs) and require greedy outputs token for token."),
     drift_every: int = typer.Option(S.drift_every, min=0, help="Candidate trials between re-measurements of the "
                                                                "defaults (0: never)."),
+    one_knob_start: bool = typer.Option(S.near_start, help="Start the sampler with one-knob changes from the "
+                                        "engine's defaults instead of random points (slower to the best on the "
+                                        "simulated engine: docs/results.md)."),
     recheck: bool = typer.Option(S.recheck, help="Decide on fresh servers and held-out prompts (off: on the "
                                                  "search instance alone)."),
     kl_max: float = typer.Option(G.kl_max, min=0, help="Refuse configs whose mean KL divergence from the defaults' "
@@ -221,7 +224,7 @@ DEFAULTS = {"quality": "default", "ppl_tolerance": G.ppl_tolerance, "ppl_max": G
             "kl_max": G.kl_max, "kl_max_lossy": G.kl_max_lossy, "slo_ttft_p99_ms": G.ttft_p99_ms_max, "slo_itl_p99_ms": G.itl_p99_ms_max,
             "max_instances": G.max_instances, "exact": G.exact, "baseline_instances": S.baseline_instances,
             "repeats": S.repeats, "seed": S.seed, "sampler_per_planner": S.sampler_per_planner, "sampler": S.sampler,
-            "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every, "planner": "builtin",
+            "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every, "one_knob_start": S.near_start, "planner": "builtin",
             "draft_models": []}
 
 
@@ -243,7 +246,7 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     settings = Settings(model=row.model, workload=row.workload, quality=o["quality"], gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
                         sampler_per_planner=o["sampler_per_planner"], sampler=o["sampler"],
-                        max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"],
+                        max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"], near_start=o["one_knob_start"],
                         facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
     space = _space(row.space_path, o.get("draft_models") or [], exact=o["exact"])
     say = event_logger(Path(o["home"]) / row.id / "events.jsonl", console)

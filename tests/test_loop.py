@@ -244,6 +244,19 @@ def test_planner_off_leaves_every_trial_to_the_sampler(tmp_path):
     assert not [t for t in ledger.trials("r4") if t.source == "planner"]
 
 
+def test_one_knob_start_takes_the_samplers_first_points_then_the_sampler_walks_the_space(tmp_path):
+    from agent.planner import NoPlanner
+
+    settings = Settings(model="m", workload="smoke", max_trials=6, near_start=True)
+    ledger, _ = _run(tmp_path, "r5", FakeEngine(), settings, planner=NoPlanner())
+    sampled = [t for t in ledger.trials("r5") if t.source == "sampler"]
+    assert len(sampled) >= 6   # points the space's rules exclude are recorded and do not count
+    first, later = sampled[:4], sampled[4:]
+    assert all(t.rationale == "one knob changed from the engine's defaults" for t in first)
+    assert all(len(t.params) == 1 or t.params.get("speculative-config.method") == "ngram" for t in first)
+    assert all(t.rationale is None and len(t.params) > 4 for t in later)
+
+
 class OOMAbove(FakeEngine):
     """Runs out of memory above a max-num-seqs threshold, like a real server with a small KV cache."""
 

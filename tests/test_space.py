@@ -85,3 +85,18 @@ def test_choices_the_host_cannot_run_are_left_out_before_the_search():
     assert bare.problems({"kv-cache-dtype": "fp8_e5m2"})   # a planner cannot bring it back either
     avx512 = spaces.load("vllm-cpu", cpu_flags={"avx2", "avx512f"})
     assert "fp8_e5m2" in avx512.knobs["kv-cache-dtype"].choices
+
+
+def test_one_knob_starts_change_exactly_one_knob_from_the_engine_defaults():
+    space = spaces.load("vllm-cpu", cpu_flags={"avx512f"})
+    defaults = {"enforce-eager": [False], "block-size": None, "speculative-config.method": ["none"],
+                "VLLM_CPU_OMP_THREADS_BIND": ["auto"], "dtype": ["auto", "bfloat16"]}
+    points = space.near_defaults(defaults, seed=1)
+    assert points and all(space.problems(p) == [] for p in points)
+    assert {"enforce-eager": True} in points and {"enforce-eager": False} not in points
+    assert {"dtype": "bfloat16"} not in points and {"dtype": "float32"} in points
+    ngram = [p for p in points if p.get("speculative-config.method") == "ngram"]
+    assert len(ngram) == 1 and len(ngram[0]) == 4   # its conditional knobs come along, at mid-range
+    assert all(len(p) == 1 for p in points if p not in ngram)
+    assert points != space.near_defaults(defaults, seed=2) and sorted(map(repr, points)) == sorted(
+        map(repr, space.near_defaults(defaults, seed=2)))   # the same points, in a seeded order
