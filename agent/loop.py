@@ -111,7 +111,7 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         if since_planner >= settings.sampler_per_planner and not waiting(study):
             enqueue(study, planner.propose(space, run, history, facts_for(settings, rules), k=1))
             sampler_space = narrow(sampler_space, planner, history, ledger, run, say)
-        elif not waiting(study) and (first := next_near(near, seen, sampler_space)):
+        if not waiting(study) and (first := next_near(near, seen, sampler_space)):
             study.enqueue_trial(first, user_attrs={"source": "sampler", "knobs": list(first), "rationale":
                                                    "one knob changed from the engine's defaults"})
         trial = study.ask()
