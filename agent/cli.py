@@ -221,10 +221,12 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
 
 # A run written by an older version lacks the newer settings: they take today's defaults.
 DEFAULTS = {"quality": "default", "ppl_tolerance": G.ppl_tolerance, "ppl_max": G.ppl_max, "min_gain": G.min_gain,
-            "kl_max": G.kl_max, "kl_max_lossy": G.kl_max_lossy, "slo_ttft_p99_ms": G.ttft_p99_ms_max, "slo_itl_p99_ms": G.itl_p99_ms_max,
+            "kl_max": G.kl_max, "kl_max_lossy": G.kl_max_lossy, "slo_ttft_p99_ms": G.ttft_p99_ms_max,
+            "slo_itl_p99_ms": G.itl_p99_ms_max,
             "max_instances": G.max_instances, "exact": G.exact, "baseline_instances": S.baseline_instances,
             "repeats": S.repeats, "seed": S.seed, "sampler_per_planner": S.sampler_per_planner, "sampler": S.sampler,
-            "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every, "one_knob_start": S.near_start, "planner": "builtin",
+            "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every,
+            "one_knob_start": S.near_start, "planner": "builtin",
             "draft_models": []}
 
 
@@ -241,12 +243,14 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     o = {**DEFAULTS, **row.settings}  # a run written by an older version lacks the newer settings
     meter = load_workload(row.workload)
     gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
-                        kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"], itl_p99_ms_max=o["slo_itl_p99_ms"],
+                        kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
+                        itl_p99_ms_max=o["slo_itl_p99_ms"],
                         max_instances=o["max_instances"], exact=o["exact"])
     settings = Settings(model=row.model, workload=row.workload, quality=o["quality"], gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
                         sampler_per_planner=o["sampler_per_planner"], sampler=o["sampler"],
-                        max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"], near_start=o["one_knob_start"],
+                        max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"],
+                        near_start=o["one_knob_start"],
                         facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
     space = _space(row.space_path, o.get("draft_models") or [], exact=o["exact"])
     say = event_logger(Path(o["home"]) / row.id / "events.jsonl", console)
