@@ -511,11 +511,8 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
                         prune_below_tps=gate.prune_below(base) if settings.prune else None,
                         quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None)
     record(ledger, row, result)
-    if result.get("status") == "pruned":
-        pruned(row, result, base, ledger, say)
-        return
-    if result.get("quality_skipped"):
-        speed_only(row, result, base, ledger, say)
+    if result.get("status") == "pruned" or result.get("quality_skipped"):
+        cut_short(row, result, base, ledger, say)
         return
     verdict = gate.check(result, base, row.lossless, settings.gate)
     constraint = gate.constraint(verdict, result, settings.gate)
@@ -542,27 +539,23 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
     say("result", number=row.number, row=ledger.trial(run.id, row.number))
 
 
-def speed_only(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Callable) -> None:
-    """Measured to the end but not faster than the defaults, so its quality was not measured: no
-    quality verdict can change the outcome. Recorded apart (decision `speed-only`), feasible for Optuna."""
+def cut_short(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Callable) -> None:
+    """A candidate measured only for speed: its benchmark stopped because it could not reach the
+    defaults (`pruned`; Optuna hears PRUNED with the partial ratio), or run to the end but not faster
+    than them (`speed-only`: no quality verdict could change the outcome). Feasible for Optuna, no
+    held-out decision."""
     ratio = round(result["bench"]["tps"] / (base.tps * base.drift), 4)
-    finish(ledger, row, tps_ratio=ratio, gate_passed=False, decision="speed-only", constraint=0.0, drift=base.drift,
-           tps_corrected=round(row.tps / base.drift, 3),
-           gate_reasons=[f"not faster on the search prompts: {ratio:.3f}x the defaults; quality not measured "
-                         f"(speed only: {result['quality_skipped']})"])
-    say("result", number=row.number, row=ledger.trial(row.run_id, row.number))
-
-
-def pruned(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Callable) -> None:
-    """A benchmark stopped because it could not reach the defaults: its partial figures, no verdict
-    on quality (not measured), and no held-out decision; Optuna hears PRUNED with the partial ratio."""
-    p = result["pruned"]
-    ratio = round(result["bench"]["tps"] / (base.tps * base.drift), 4)
-    finish(ledger, row, tps_ratio=ratio, gate_passed=False, decision="pruned", constraint=0.0, drift=base.drift,
-           tps_corrected=round(row.tps / base.drift, 3),
-           gate_reasons=[f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} "
-                         f"tok/s, below {p['below_tps']:.2f} (the defaults' {base.tps * base.drift:.2f} less the "
-                         f"spread of one instance at {gate.PRUNE_LEVEL:.1%})"])
+    if p := result.get("pruned"):
+        decision = "pruned"
+        why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} tok/s, "
+               f"below {p['below_tps']:.2f} (the defaults' {base.tps * base.drift:.2f} less the spread of one "
+               f"instance at {gate.PRUNE_LEVEL:.1%})")
+    else:
+        decision = "speed-only"
+        why = (f"not faster on the search prompts: {ratio:.3f}x the defaults; quality not measured "
+               f"(speed only: {result['quality_skipped']})")
+    finish(ledger, row, tps_ratio=ratio, gate_passed=False, decision=decision, constraint=0.0, drift=base.drift,
+           tps_corrected=round(row.tps / base.drift, 3), gate_reasons=[why])
     say("result", number=row.number, row=ledger.trial(row.run_id, row.number))
 
 
