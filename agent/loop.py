@@ -579,7 +579,7 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
     inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
     times: list[float] = []
 
-    def instance(target: Trial, suffix: str) -> float:
+    def instance(target: Trial, suffix: str) -> dict:
         needed = max(times) if times else held_out_estimate_s(row)
         if seconds_left(run.deadline_at) < needed:
             raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
@@ -592,7 +592,7 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
             failure = result.get("failure") or {}
             raise MeasureFailed(f"a held-out instance failed: {failure.get('class')}: "
                                 f"{(failure.get('message') or '')[:200]}")
-        return result["bench"]["tps"]
+        return result
 
     defaults_row = next(t for t in history if t.source == "baseline")
 
@@ -601,23 +601,25 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
                                  flags=defaults_row.flags, env=defaults_row.env, lossless=True,
                                  rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
-            tps = instance(extra, "")
+            result = instance(extra, "")
         except MeasureFailed as e:
             finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
             raise
+        tps = result["bench"]["tps"]
         finish(ledger, extra, status="ok", heldout_tps=tps, decision="extra", constraint=0.0,
+               meter=result.get("workload") or {}, timings=result.get("timings") or {}, log_path=result.get("log_path"),
                gate_reasons=[f"extra instance of the defaults for trial {row.number}'s held-out decision"])
         return tps
 
     counter = iter(range(2, 1000))
     try:
-        first = instance(row, "-1")
+        first = instance(row, "-1")["bench"]["tps"]
     except MeasureFailed as e:
         ledger.update(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
         return False
     first_s = times[0]
-    decision = gate.decide(first, base, settings.gate, lambda: instance(row, f"-{next(counter)}"), more_defaults,
-                           row.tps_ratio)
+    decision = gate.decide(first, base, settings.gate, lambda: instance(row, f"-{next(counter)}")["bench"]["tps"],
+                           more_defaults, row.tps_ratio)
     c = decision.comparison
     values = sorted(decision.candidate)
     ledger.update(row, heldout_instances=[round(x, 3) for x in decision.candidate],
