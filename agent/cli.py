@@ -419,13 +419,13 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     if cal.get("aa"):
         say(f"  {cal['aa']}")
     say(f"  {len(trials)} trials: {by('status')}; sources: {by('source')}")
-    cheap = [t for t in trials if t.decision in ("pruned", "speed-only") or (t.failure_message or "").startswith(
-        ("refused at pre-flight", "contains learned rule"))]
+    cheap = [t for t in trials if t.decision in ("pruned", "speed-only") or t.failed_phase == "preflight"
+             or (t.failure_message or "").startswith("contains learned rule")]
     if cheap:
         saved = lambda pred: sum(1 for t in cheap if pred(t))  # noqa: E731
         say(f"  cut short: {saved(lambda t: t.decision == 'pruned')} pruned, "
             f"{saved(lambda t: t.decision == 'speed-only')} speed-only (no quality phase), "
-            f"{saved(lambda t: (t.failure_message or '').startswith('refused at pre-flight'))} refused at pre-flight, "
+            f"{saved(lambda t: t.failed_phase == 'preflight')} refused at pre-flight, "
             f"{saved(lambda t: (t.failure_message or '').startswith('contains learned rule'))} skipped by a learned rule")
     failures = [t.failure_class for t in trials if t.failure_class and t.status == "failed"]
     if failures:

@@ -65,6 +65,8 @@ class Trial(Base):
     status: Mapped[str] = mapped_column(String, default="running")  # running, ok, failed, interrupted, skipped
     failure_class: Mapped[str | None] = mapped_column(String)
     failure_message: Mapped[str | None] = mapped_column(Text)
+    failure_cause: Mapped[str | None] = mapped_column(Text)   # vLLM's own words (its log's root cause)
+    failed_phase: Mapped[str | None] = mapped_column(String)  # preflight, start, warmup, bench, quality, ...
     log_tail: Mapped[str | None] = mapped_column(Text)
     tps: Mapped[float | None] = mapped_column(Float)
     tps_interval: Mapped[list[Any] | None] = mapped_column(JSON)   # 95% interval from this server's repeats

@@ -185,7 +185,7 @@ def excluded(point: dict, space: Space, rules: list[LearnedRule], preflight: Ver
     started = time.monotonic()
     if preflight and (message := preflight(point)):
         return dict(status="failed", decision="failed", failure_message=f"refused at pre-flight: {message}",
-                    timings={"preflight_s": round(time.monotonic() - started, 3)})
+                    failure_cause=message, failed_phase="preflight", timings={"preflight_s": round(time.monotonic() - started, 3)})
     return None
 
 
@@ -193,13 +193,10 @@ def learn(run: Run, row: Trial, point: dict, space: Space, defaults: dict, prefl
           ledger: Ledger, say: Callable) -> None:
     """A point vLLM refused (at pre-flight or at start) becomes a rule of the run: the smallest set of
     its changes still refused, so no later point that contains it is started."""
-    message = row.failure_message or ""
+    cause = row.failure_cause or row.failure_message or ""
     if row.failure_class != "invalid_config" or row.status != "failed":
         return
-    stage = "pre-flight" if message.startswith("refused at pre-flight: ") else "start"
-    cause = message.removeprefix("refused at pre-flight: ")
-    if stage == "start":   # "server exited with code 1 during start: <vLLM's root cause>"
-        cause = cause.split(": ", 1)[1] if cause.startswith("server exited") and ": " in cause else cause
+    stage = "pre-flight" if row.failed_phase == "preflight" else "start"
     changes = {k: point[k] for k in space.changed(point, defaults)}
     if not changes:
         return
@@ -367,7 +364,8 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
     bench, quality = result.get("bench") or {}, result.get("quality") or {}
     values = dict(
         status=result.get("status", "failed"), failure_class=failure.get("class"),
-        failure_message=failure.get("message"), log_tail=failure.get("log_tail") or None,
+        failure_message=failure.get("message"), failure_cause=failure.get("cause"),
+        failed_phase=result.get("failed_phase"), log_tail=failure.get("log_tail") or None,
         tps=bench.get("tps"), ppl=quality.get("ppl"), heldout_tps=(result.get("bench_heldout") or {}).get("tps"),
         errors=bench.get("errors"),
         ttft_p99_ms=(bench.get("ttft_ms") or {}).get("p99"), itl_p99_ms=(bench.get("itl_ms") or {}).get("p99"),

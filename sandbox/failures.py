@@ -30,12 +30,13 @@ _PATTERNS = [
 class TrialFailure(Exception):
     """Raised inside the worker to end a trial early; turned into the result's failure."""
 
-    def __init__(self, klass: str, message: str, log_tail: str = ""):
+    def __init__(self, klass: str, message: str, log_tail: str = "", cause: str | None = None):
         assert klass in CLASSES, klass
         super().__init__(message)
         self.klass = klass
         self.message = message
         self.log_tail = log_tail
+        self.cause = cause   # vLLM's own words for why it stopped (root_cause of its log), when it said
 
 
 def classify_log(text: str, default: str = "crashed") -> str:

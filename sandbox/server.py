@@ -107,7 +107,7 @@ class Server:
             klass = classify_log(text, default="crashed")
             said = root_cause(text)
             raise TrialFailure(klass, f"server exited with code {self.proc.returncode} during {phase}"
-                               + (f": {said}" if said else ""), log_tail(text))
+                               + (f": {said}" if said else ""), log_tail(text), cause=said or None)
 
     def wait_ready(self, deadline_s: float) -> None:
         """Block until /health and /v1/models answer, the server dies, or the deadline passes."""

@@ -204,8 +204,8 @@ class TrialRun:
         result["failed_phase"] = self.phase if result["failure"] else None
         self.enter("done")
 
-    def fail(self, klass: str, message: str, tail: str = "") -> None:
-        _fail(self.result, klass, message, tail, self.log_path)
+    def fail(self, klass: str, message: str, tail: str = "", cause: str | None = None) -> None:
+        _fail(self.result, klass, message, tail, self.log_path, cause)
 
 
 def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = None,
@@ -231,7 +231,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
                     run.result["quality_skipped"] = (f"{run.result['bench']['tps']} tok/s is not above "
                                                      f"{spec.quality_above_tps}")
     except TrialFailure as failure:
-        run.fail(failure.klass, failure.message, failure.log_tail)
+        run.fail(failure.klass, failure.message, failure.log_tail, failure.cause)
     except PhaseTimeout:
         if run.phase == "start":
             run.fail("start_timeout", f"server not ready after {spec.deadlines.start_s:.0f} s")
@@ -244,7 +244,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
             run.server.fail_if_dead(run.phase)
             run.fail("request_errors", f"{run.phase}: {type(e).__name__}: {e}")
         except TrialFailure as failure:
-            run.fail(failure.klass, failure.message, failure.log_tail)
+            run.fail(failure.klass, failure.message, failure.log_tail, failure.cause)
     except Exception as e:  # noqa: BLE001 - a worker bug must still become a result, not a hang
         run.fail("worker_error", f"{run.phase}: {type(e).__name__}: {e}")
     finally:
@@ -256,11 +256,11 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
     return run.result
 
 
-def _fail(result: dict, klass: str, message: str, tail: str, log_path: Path) -> None:
+def _fail(result: dict, klass: str, message: str, tail: str, log_path: Path, cause: str | None = None) -> None:
     if not tail and log_path.exists():
         tail = log_tail(log_path.read_text(errors="replace"))
     result["status"] = "failed"
-    result["failure"] = {"class": klass, "message": message, "log_tail": tail}
+    result["failure"] = {"class": klass, "message": message, "log_tail": tail, "cause": cause}
 
 
 def write_json(path: Path, data: dict) -> None:

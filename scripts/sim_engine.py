@@ -100,8 +100,9 @@ class SimulatedEngine:
             if said:
                 self.clock += start_s / 2
                 return {"status": "failed", "failure": {"class": "invalid_config", "log_tail": said,
-                                                        "message": f"server exited with code 1 during start: {said}"},
-                        "timings": {"start_s": start_s / 2}, "workload": {}}
+                                                        "message": f"server exited with code 1 during start: {said}",
+                                                        "cause": said},
+                        "failed_phase": "start", "timings": {"start_s": start_s / 2}, "workload": {}}
         seqs, tokens = flags.get("max-num-seqs", 256), flags.get("max-num-batched-tokens", 2048)
         if seqs * 8 > tokens * 4 and tokens > 4096:  # large batches with large steps: out of memory
             self.clock += start_s

@@ -46,8 +46,9 @@ class RefusingEngine(FakeEngine):
         if refused_at_start(spec["flags"]):
             trial_dir.mkdir(parents=True, exist_ok=True)
             return {"status": "failed", "failure": {"class": "invalid_config", "log_tail": START_REFUSAL,
-                                                    "message": f"server exited with code 1 during start: {START_REFUSAL}"},
-                    "timings": {}, "workload": {"name": spec["workload"]}}
+                                                    "message": f"server exited with code 1 during start: {START_REFUSAL}",
+                                                    "cause": START_REFUSAL},
+                    "failed_phase": "start", "timings": {}, "workload": {"name": spec["workload"]}}
         return super().evaluate(spec, trial_dir, timeout_s, on_phase)
 
 
@@ -79,6 +80,7 @@ def test_a_config_refusal_is_caught_at_preflight_reduced_to_its_cause_and_never_
     first = ledger.trial("r1", rule.from_trial)
     assert first.status == "failed" and first.failure_class == "invalid_config"
     assert first.failure_message.startswith("refused at pre-flight: 1 validation error for VllmConfig")
+    assert first.failure_cause.startswith("1 validation error for VllmConfig") and first.failed_phase == "preflight"
 
 
 def test_an_init_only_refusal_costs_one_start_and_its_rule_names_the_settings_vllm_named(night):
@@ -87,6 +89,8 @@ def test_an_init_only_refusal_costs_one_start_and_its_rule_names_the_settings_vl
     (rule,) = [r for r in ledger.learned_rules("r1") if r.stage == "start"]
     assert rule.settings == {"block-size": 32, "enable-prefix-caching": True}
     assert rule.how == "named in vLLM's message" and rule.message == START_REFUSAL
+    first = ledger.trial("r1", rule.from_trial)
+    assert first.failure_cause == START_REFUSAL and first.failed_phase == "start"
 
 
 def test_later_points_with_a_learned_rule_are_skipped_and_told_to_optuna_as_infeasible(night):

@@ -90,6 +90,9 @@ def test_invalid_flag_value_comes_back_with_the_servers_message(tmp_path, fake_m
     result = trial(tmp_path, flags={"max-num-seqs": -1})
     assert result["failure"]["class"] == "invalid_config"
     assert "max_num_seqs must be >= 1" in result["failure"]["message"]
+    # vLLM's own words, apart from the worker's framing, so the agent can learn from them
+    assert "max_num_seqs must be >= 1" in result["failure"]["cause"]
+    assert not result["failure"]["cause"].startswith("server exited") and result["failed_phase"] == "start"
     assert_clean(result)
 
 
