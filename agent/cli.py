@@ -17,7 +17,8 @@ from rich.console import Console
 from sqlalchemy.exc import OperationalError
 from rich.table import Table
 
-from agent import budget, gitops, ledger as ledgers, model as embedded, paths, recovery, space as spaces
+from agent import budget, gitops, ledger as ledgers, paths, recovery, space as spaces
+from sandbox import model as embedded
 from agent.gate import GateSettings
 from agent.loop import Settings
 

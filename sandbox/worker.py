@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                               "failure": {"class": "invalid_config", "message": str(e), "log_tail": ""}})
         return 2
     if spec.model == "embedded":
-        from agent.model import prepare  # the embedded default is built on first use
+        from sandbox.model import prepare  # the embedded default is built on first use
 
         spec = dataclasses.replace(spec, model=str(prepare(say=lambda m: print(m, file=sys.stderr))))
     result = run_trial(spec, log_path, args.progress)

@@ -1,6 +1,6 @@
 """Workload profiles and quality sets: the fixed harness a trial is measured with.
 
-Profiles and texts are data under agent/data/. Each loaded profile carries a hash of everything
+Profiles and texts are data under sandbox/data/ (the agent reads them from here too). Each loaded profile carries a hash of everything
 that decides its figures (the profile's fields and the exact prompts), so two figures are only
 ever compared when they came from the same meter.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-DATA = Path(str(files("agent").joinpath("data")))
+DATA = Path(str(files("sandbox").joinpath("data")))
 WORKLOAD_FIELDS = {
     "name": str, "meter_version": int, "concurrency": int, "num_prompts": int,
     "max_tokens": int, "ignore_eos": bool, "temperature": float, "warmup_requests": int,
@@ -121,7 +121,7 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
 
 
 def load_quality(name: str = "default") -> Quality:
-    """A shipped quality set: 'default' (agent/data/quality.yaml) or 'quick' (quality-quick.yaml)."""
+    """A shipped quality set: 'default' (sandbox/data/quality.yaml) or 'quick' (quality-quick.yaml)."""
     path = DATA / ("quality.yaml" if name == "default" else f"quality-{name}.yaml")
     if not isinstance(name, str) or not path.exists():
         raise ValueError(f"quality set {name!r} is not shipped (default, quick)")

@@ -82,7 +82,7 @@ def settings_for(args, arm: str, model: str, max_trials: int) -> Settings:
 
 
 def real(args, out: Path) -> dict[str, list[list[float]]]:
-    from agent import model as embedded
+    from sandbox import model as embedded
     from agent.engine import WorkerEngine
 
     model = str(embedded.prepare())

