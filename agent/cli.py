@@ -17,7 +17,7 @@ from rich.console import Console
 from sqlalchemy.exc import OperationalError
 from rich.table import Table
 
-from agent import budget, gitops, ledger as ledgers, paths, recovery, space as spaces
+from agent import budget, gitops, hub, ledger as ledgers, paths, recovery, space as spaces
 from sandbox import model as embedded
 from agent.gate import GateSettings
 from agent.loop import Settings
@@ -160,7 +160,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         load_quality(quality)
     except ValueError as e:
         raise fail(f"--quality: {e}") from None
-    if model != "embedded" and not Path(model).is_dir() and model.count("/") != 1:
+    if model != "embedded" and not Path(model).is_dir() and not hub.is_hub_id(model):
         raise fail(f"--model: {model!r} is neither a folder nor a Hugging Face id like org/name")
     try:
         proposals = gitops.open_repo(repo or home / "proposals", create=repo is None)
@@ -170,12 +170,19 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         if not embedded.is_ready(embedded.default_dir()):
             console.print("preparing the embedded model (once; about 2 minutes)...")
         model = str(embedded.prepare(say=lambda s: console.print(f"  {s}")))
+    revision = None
+    if hub.is_hub_id(model):
+        try:
+            revision = hub.fetch(model, say=console.print).revision
+        except hub.ModelUnavailable as e:
+            raise fail(f"--model: {e}") from None
+        console.print(f"  {model} at {revision}")
     if draft_model:
         from agent import drafts
 
         try:
             for draft in draft_model:
-                drafts.check_vocab(model, draft)
+                drafts.check_vocab(served_model(model, revision), draft)
         except drafts.DraftError as e:
             raise fail(str(e)) from None
         space = _space(space.path, draft_model, exact=settings["exact"])
@@ -183,11 +190,18 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
     engine = engine_info()
     return ledger.add(ledgers.Run(
         id=now.strftime("%Y%m%d-%H%M%S"), deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
-        model=model, engine=engine["name"], engine_version=engine["version"], hardware=hardware(),
+        model=model, model_revision=revision, engine=engine["name"], engine_version=engine["version"], hardware=hardware(),
         space_path=space.path, space_hash=space.hash, workload=workload, workload_hash=meter.hash,
         repo=str(proposals.working_dir),
         settings={"home": str(home), "budget_s": budget_s, "budget": budget_text, "quality": quality,
                   "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
+
+
+def served_model(model: str, revision: str | None) -> str:
+    try:
+        return hub.served(model, revision)
+    except hub.ModelUnavailable as e:
+        raise fail(f"the run's model: {e}") from None
 
 
 def _space(name: str, draft_models: list[str], exact: bool = False) -> spaces.Space:
@@ -247,7 +261,7 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
                         kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
                         itl_p99_ms_max=o["slo_itl_p99_ms"],
                         max_instances=o["max_instances"], exact=o["exact"])
-    settings = Settings(model=row.model, workload=row.workload, quality=o["quality"], gate=gate,
+    settings = Settings(model=served_model(row.model, row.model_revision), workload=row.workload, quality=o["quality"], gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
                         sampler_per_planner=o["sampler_per_planner"], sampler=o["sampler"],
                         max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"],

@@ -33,6 +33,7 @@ class Run(Base):
     finished_at: Mapped[str | None] = mapped_column(String)
     status: Mapped[str] = mapped_column(String, default="running")  # running, finished, stopped, failed
     model: Mapped[str] = mapped_column(String)
+    model_revision: Mapped[str | None] = mapped_column(String)   # the Hub commit a model id resolved to
     engine: Mapped[str | None] = mapped_column(String)
     engine_version: Mapped[str | None] = mapped_column(String)
     hardware: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -25,7 +25,8 @@ def files(run: Run, trial: Trial, result: dict) -> dict[str, tuple[str, bool]]:
         f"{exports}"
         'here=$(cd "$(dirname "$0")" && pwd)\n'
         f'exec python -m vllm.entrypoints.openai.api_server --model "${{MODEL:-{run.model}}}" '
-        '--config "$here/config.yaml" "$@"\n'
+        + (f"--revision {run.model_revision} " if run.model_revision else "")
+        + '--config "$here/config.yaml" "$@"\n'
     )
     results = {
         "run": run.id, "trial": trial.number, "source": trial.source, "rationale": trial.rationale,
@@ -43,7 +44,7 @@ def files(run: Run, trial: Trial, result: dict) -> dict[str, tuple[str, bool]]:
         "ttft_ms": result["bench"]["ttft_ms"], "itl_ms": result["bench"]["itl_ms"],
         "tps_repeats": result["bench"].get("repeats_tps"),
         "meter": trial.meter, "engine": result.get("engine"), "hardware": result.get("hardware"),
-        "model": run.model, "params": trial.params, "flags": trial.flags, "env": trial.env,
+        "model": run.model, "model_revision": run.model_revision, "params": trial.params, "flags": trial.flags, "env": trial.env,
     }
     return {
         "serving/config.yaml": (config, False),

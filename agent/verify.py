@@ -20,6 +20,7 @@ from pathlib import Path
 
 import git
 
+from agent import hub
 from agent.ledger import Ledger
 from agent.stats import compare, pooled_noise
 
@@ -43,12 +44,16 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, m
     from sandbox.workload import load_workload
 
     meter = load_workload(claim["meter"]["name"]).with_split(split)
+    try:   # the commit the branch was measured with, for a model given by Hub id
+        model = hub.served(run.model, run.model_revision)
+    except hub.ModelUnavailable as e:
+        raise VerifyError(f"{branch}: {e}") from None
     inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
     # Speed only: the branch's quality was measured through its own server and is in its results.
     specs = {
-        "defaults": {"model": run.model, "flags": base_row.flags, "env": base_row.env, "workload": inline,
+        "defaults": {"model": model, "flags": base_row.flags, "env": base_row.env, "workload": inline,
                      "quality": "none", "repeats": run.settings.get("repeats", 2)},
-        "candidate": {"model": claim["model"], "flags": claim["flags"], "env": claim["env"], "workload": inline,
+        "candidate": {"model": model, "flags": claim["flags"], "env": claim["env"], "workload": inline,
                       "quality": "none", "repeats": run.settings.get("repeats", 2)},
     }
     claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["tps_ratio"]

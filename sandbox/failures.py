@@ -9,12 +9,16 @@ from __future__ import annotations
 import re
 
 CLASSES = ("invalid_config", "oom", "start_timeout", "crashed", "request_errors", "bad_output",
-           "unclean_teardown", "interrupted", "worker_error", "port_in_use")
+           "unclean_teardown", "interrupted", "worker_error", "port_in_use", "model_unavailable")
 TAIL_LINES = 40
 
 # Ordered: the first class whose pattern matches wins. Memory first, because an allocation
 # failure often surfaces as a ValueError from the engine's config checks.
 _PATTERNS = [
+    # Trials run offline: a model that is not in the cache (or not readable there) is its own class.
+    ("model_unavailable", re.compile(
+        r"LocalEntryNotFoundError|outgoing traffic has been disabled|RepositoryNotFoundError|GatedRepoError|"
+        r"does not appear to have a file named config\.json")),
     ("oom", re.compile(
         r"out of memory|OutOfMemoryError|Insufficient memory|MemoryError|"
         r"No available memory for the cache blocks|Cannot allocate memory|"
