@@ -467,12 +467,22 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
 
 @app.command()
 def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest).")) -> None:
-    """Check that the ledger, the Optuna study and the branches agree, and that no trial process is left."""
+    """Check this host for what breaks a night (engine, GPUs, transformers, disk), then that the ledger, the
+    Optuna study and the branches agree and that no trial process is left."""
+    from agent.checks import host_problems
+
+    host_found = host_problems(paths.home())
+    for p in host_found:
+        out.print(f"  problem: {p}", highlight=False)
+    if not host_found:
+        out.print("  host: engine imports, GPUs (if any) free, transformers recent, disk enough", highlight=False)
     ledger = open_ledger()
     runs = ledger.runs()
     row = ledger.run(run_id) if run_id else (runs[0] if runs else None)
+    if row is None and not run_id:
+        raise typer.Exit(1 if host_found else 0)   # nothing run yet: the host is all there is to check
     if row is None:
-        raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
+        raise fail(f"--run: no run {run_id!r} in {ledger.path}")
     try:
         repo = gitops.open_repo(Path(row.repo)) if row.repo else None
     except gitops.RepoError as e:
@@ -488,7 +498,7 @@ def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
               highlight=False)
     for line in found:
         out.print(f"  problem: {line}", highlight=False)
-    if found:
+    if found or host_found:
         raise typer.Exit(1)
     out.print("  consistent: ledger, study and branches agree; no trial process left")
 

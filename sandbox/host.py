@@ -21,7 +21,7 @@ def engine() -> dict[str, str | None]:
     return {"name": None, "version": None}
 
 
-def _visible() -> list[str]:
+def visible_ids() -> list[str]:
     """nvidia-smi sees every GPU of the host: keep to the ones CUDA_VISIBLE_DEVICES gives this process
     (so a run pinned to one GPU neither describes nor blames the others)."""
     ids = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -32,7 +32,7 @@ def gpus() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", *_visible(), "--query-gpu=name,memory.total", "--format=csv,noheader"],
+        out = subprocess.run(["nvidia-smi", *visible_ids(), "--query-gpu=name,memory.total", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20, check=True).stdout
     except (subprocess.SubprocessError, OSError):
         return []
@@ -44,7 +44,7 @@ def gpu_memory_used_mib() -> list[int] | None:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        out = subprocess.run(["nvidia-smi", *_visible(), "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", *visible_ids(), "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20, check=True).stdout
         return [int(float(x)) for x in out.split()]
     except (subprocess.SubprocessError, OSError, ValueError):
