@@ -496,6 +496,21 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
 
 
 @app.command()
+def status(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest).")) -> None:
+    """Where a run stands: the trial in flight and its phase, elapsed and left, best so far, failures.
+    Reads without locking, so it works while the run goes on in another process."""
+    from agent.status import status as describe
+
+    ledger = open_ledger()
+    runs = ledger.runs()
+    row = ledger.run(run_id) if run_id else (runs[0] if runs else None)
+    if row is None:
+        raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
+    for line in describe(ledger, row, Path(row.settings.get("home") or paths.home())):
+        out.print(line, highlight=False, markup=False)
+
+
+@app.command()
 def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest).")) -> None:
     """Check this host for what breaks a night (engine, GPUs, transformers, disk), then that the ledger, the
     Optuna study and the branches agree and that no trial process is left."""

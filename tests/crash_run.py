@@ -2,10 +2,15 @@
 
     python tests/crash_run.py HOME RUN_ID SECONDS [--resume]
 
+With PHASE_S set, each trial spends that many seconds in its benchmark phase and the run writes
+its events.jsonl as `agent run` does (for `agent status` to read while it runs).
+
 Uses the same recovery and the same loop as `agent run`; only the engine is the test double.
 """
 
+import os
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -34,7 +39,25 @@ def main() -> None:
             for line in recovery.repair(ledger, run, storage, repo):
                 print("repaired:", line, flush=True)
         settings = Settings(model="m", workload="smoke", drift_every=4, facts={"cpus": 2, "concurrency": 1})
-        run_search(run, settings, space, ledger, FakeEngine(delay_s=0.15), repo, storage)
+        if os.environ.get("PHASE_S"):
+            from rich.console import Console
+
+            from agent.log import event_logger
+            say = event_logger(home / run_id / "events.jsonl", Console(stderr=True))
+            run_search(run, settings, space, ledger, SlowEngine(float(os.environ["PHASE_S"])), repo, storage, say)
+        else:
+            run_search(run, settings, space, ledger, FakeEngine(delay_s=0.15), repo, storage)
+
+
+class SlowEngine(FakeEngine):
+    def __init__(self, phase_s: float):
+        super().__init__()
+        self.phase_s = phase_s
+
+    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        on_phase("benchmark")
+        time.sleep(self.phase_s)
+        return super().evaluate(spec, trial_dir, timeout_s, on_phase=lambda phase: None)
 
 
 if __name__ == "__main__":

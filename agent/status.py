@@ -1,0 +1,121 @@
+"""`agent status`: where a run stands, read while it runs, from another process.
+
+Everything here is read without taking anything from the run: the ledger (SQLite in WAL mode, so a
+reader never blocks the writer), the run's events.jsonl for the phase in flight, and the run lock's
+file for who holds it (read, never locked: a lock taken here for a moment would refuse an
+`agent run` starting in that moment).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+
+from agent.ledger import Ledger, Run, Trial
+
+
+def holder(home: Path) -> int | None:
+    """The pid of the `agent run` that holds this ledger, if it is alive."""
+    try:
+        text = (home / "run.lock").read_text()
+    except OSError:
+        return None
+    pid = text.rsplit("pid ", 1)[-1].strip() if "pid " in text else ""
+    if not pid.isdigit():
+        return None
+    try:
+        alive = psutil.Process(int(pid))
+        return int(pid) if alive.is_running() and alive.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
+
+
+def in_flight(events: Path) -> tuple[int, str, datetime] | None:
+    """(trial number, phase, since when) of the phase going on now: the latest phase event, unless
+    that trial's result came after it. Held-out instances run after a trial's row is written and
+    before its result, so the ledger alone cannot tell that they are going on."""
+    try:
+        with events.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 256_000))   # the tail is enough: what is going on is recent
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    finished = set()
+    for line in reversed(lines):
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") == "result":
+            finished.add(e.get("number") or (e.get("row") or {}).get("number"))
+        elif e.get("event") == "phase":
+            if e.get("number") in finished:
+                return None
+            return e["number"], e["phase"], datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00"))
+    return None
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def describe_params(t: Trial) -> str:
+    return ", ".join(f"{k}={v}" for k, v in t.params.items()) or "engine defaults"
+
+
+def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = None) -> list[str]:
+    now = now or datetime.now(timezone.utc)
+    started, deadline = datetime.fromisoformat(run.started_at), datetime.fromisoformat(run.deadline_at)
+    pid = holder(home) if run.status == "running" else None
+    if run.status == "running":
+        state = (f"running, agent run pid {pid}" if pid else
+                 f"stopped without finishing (no process holds it): agent run --resume {run.id}")
+    else:
+        state = run.status
+    if run.finished_at:
+        ended = datetime.fromisoformat(run.finished_at)
+        when = f"ran {minutes((ended - started).total_seconds())}, ended {run.finished_at}"
+    else:
+        left = (deadline - now).total_seconds()
+        when = (f"{minutes((now - started).total_seconds())} elapsed, "
+                + (f"{minutes(left)} left" if left > 0 else "past its deadline"))
+    lines = [f"run {run.id} ({state}): {when}; {run.model}"]
+    if run.baseline_tps:
+        aa = (run.calibration or {}).get("aa") or "A/A check not judged yet"
+        lines.append(f"  baseline {run.baseline_tps:.2f} tok/s (noise ±{(run.noise or 0):.1%} log-sd); {aa}")
+    flight = in_flight(home / run.id / "events.jsonl") if pid else None
+    by_number = {t.number: t for t in trials}
+    if flight and flight[0] in by_number:
+        t, (_, phase, since) = by_number[flight[0]], flight
+        lines.append(f"  trial {t.number} [{t.source}] {phase} for {minutes((now - since).total_seconds())}: "
+                     f"{describe_params(t)}")
+    elif pid:
+        lines += [f"  trial {t.number} [{t.source}] in flight: {describe_params(t)}" for t in trials
+                  if t.status == "running"]
+    else:
+        lines += [f"  trial {t.number} [{t.source}] interrupted (the resume records it): {describe_params(t)}"
+                  for t in trials if t.status == "running"]
+    accepted = sorted((t for t in trials if t.branch), key=lambda t: -(t.heldout_ratio or t.tps_ratio or 0))
+    if accepted:
+        b = accepted[0]
+        claim = (f"{b.heldout_ratio:.3f}x held-out [{b.heldout_interval[0]:.3f}, {b.heldout_interval[1]:.3f}]"
+                 if b.heldout_ratio is not None and b.heldout_interval else f"{b.tps_ratio:.3f}x")
+        lines.append(f"  best so far: {b.branch} {claim}, trial {b.number}")
+    else:
+        lines.append("  best so far: nothing accepted yet")
+    done = [t for t in trials if t.status != "running"]
+    counts = Counter(t.status for t in done)
+    failures = Counter(t.failure_class for t in done if t.status == "failed")
+    lines.append(f"  {len(done)} trial(s) done: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                 + (f"; failures: {', '.join(f'{n} {c}' for c, n in sorted(failures.items()))}" if failures else "")
+                 + f"; {len(accepted)} accepted")
+    return lines
+
+
+def status(ledger: Ledger, run: Run, home: Path) -> list[str]:
+    return describe(run, ledger.trials(run.id), home)
