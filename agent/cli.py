@@ -439,7 +439,8 @@ def verify(
 
 
 @app.command()
-def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest).")) -> None:
+def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest)."),
+           html_file: Path = typer.Option(None, "--html", help="Write one self-contained HTML page with plots.")) -> None:
     """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""
     ledger = open_ledger()
     runs = ledger.runs()
@@ -447,6 +448,9 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     if row is None:
         raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
     trials = ledger.trials(row.id)
+    if html_file is not None:
+        _report_html(ledger, row, trials, html_file)
+        return
     say = lambda text: out.print(text, highlight=False, markup=False)  # noqa: E731 - configs hold brackets
     by = lambda attr: ", ".join(f"{n} {k}" for k, n in sorted(  # noqa: E731
         {v: sum(1 for t in trials if getattr(t, attr) == v) for v in {getattr(t, attr) for t in trials}}.items()))
@@ -508,6 +512,34 @@ def status(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
         raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
     for line in describe(ledger, row, Path(row.settings.get("home") or paths.home())):
         out.print(line, highlight=False, markup=False)
+
+
+def _report_html(ledger: ledgers.Ledger, row: ledgers.Run, trials: list, html_file: Path) -> None:
+    import optuna
+
+    from agent.report_html import render
+
+    try:
+        study = optuna.load_study(study_name=row.id, storage=_storage())
+    except KeyError:   # a ledger copied without its study: the page says so in that section
+        study = None
+    try:
+        repo = gitops.open_repo(Path(row.repo))
+    except gitops.RepoError:
+        repo = None
+
+    def show(branch: str, path: str) -> str | None:
+        try:
+            return repo.git.show(f"{branch}:{path}") if repo else None
+        except GitCommandError:
+            return None
+
+    page = render(row, trials, ledger.learned_rules(row.id), study, show)
+    try:
+        html_file.write_text(page)
+    except OSError as e:
+        raise fail(f"--html: {e}") from None
+    out.print(f"report: {html_file} ({len(page) / 2**20:.1f} MB, self-contained)", highlight=False)
 
 
 @app.command()

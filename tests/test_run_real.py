@@ -93,3 +93,19 @@ def test_cli_reads_back_the_real_run(real_run):
     shown = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "show", str(planned[0]["number"])],
                            env=env, capture_output=True, text=True, check=True).stdout
     assert json.loads(shown)["rationale"] == planned[0]["rationale"]
+
+
+def test_the_html_report_of_the_real_run_loads_in_a_browser_with_every_section(real_run, tmp_path):
+    from agent.report_html import SECTIONS
+    from browser import CHROMIUM, open_page
+
+    _, home, _ = real_run
+    page = tmp_path / "report.html"
+    subprocess.run([sys.executable, "-m", "agent.cli", "report", "--html", str(page)],
+                   env={**os.environ, "AGENT_HOME": str(home)}, capture_output=True, text=True, check=True)
+    text = page.read_text()
+    assert all(f"<section id='{key}'>" in text for key in SECTIONS)
+    if CHROMIUM is None:
+        pytest.skip("needs Debian's chromium package (.ci/run installs it) to open the page")
+    dom, errors = open_page(page, tmp_path / "shot.png")
+    assert errors == [] and dom.count('class="main-svg"') >= 2 * 3
