@@ -330,6 +330,7 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
         raise fail(f"{what} failed during run {row.id}: {str(e).strip().splitlines()[0][:200]}; the run stopped "
                    f"with its ledger consistent. Fix the cause, then: agent run --resume {row.id}", 1) from None
     finally:
+        say.close()      # the live phase line, on a terminal
         engine.close()   # the pre-flight's process
     _summary(ledger, row.id)
 

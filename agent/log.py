@@ -8,6 +8,7 @@ from pathlib import Path
 import structlog
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
 def _line(event: str, info: dict) -> str | None:
@@ -62,20 +63,51 @@ def _line(event: str, info: dict) -> str | None:
     return None
 
 
+class PhaseDisplay:
+    """On a terminal, the phase in flight as one live line with a spinner and its elapsed time (a
+    server start takes minutes; a person should see it is alive). It is cleared, not logged: the
+    event lines above it stay one per event."""
+
+    def __init__(self, console: Console):
+        self.console, self.progress, self.task = console, None, None
+
+    def show(self, text: str) -> None:
+        if self.progress is None:
+            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                     console=self.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task(text)
+        else:
+            self.progress.reset(self.task, description=text)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
 def event_logger(path: Path, console: Console) -> Callable[..., None]:
+    """say(event, **info): one JSON line in events.jsonl, one human line on the console. Phase events
+    are lines too when the console is not a terminal (a log file), and a live line when it is;
+    `say.close()` ends the live line."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = path.open("a")
     log = structlog.wrap_logger(
         structlog.WriteLogger(handle),
         processors=[structlog.processors.TimeStamper(fmt="iso", utc=True),
                     structlog.processors.JSONRenderer(default=str)])
+    live = PhaseDisplay(console) if console.is_terminal else None
 
     def say(event: str, **info) -> None:
         row = info.get("row")
         log.info(event, **({**info, "row": {"number": row.number, "status": row.status}} if row else info))
         handle.flush()
+        if live is not None and event == "phase":
+            live.show(f"trial {info['number']}: {escape(str(info['phase']))}")
+            return
         line = _line(event, info)
         if line:
             console.print(line, highlight=False)
 
+    say.close = live.close if live is not None else (lambda: None)
     return say
