@@ -55,6 +55,8 @@ def test_every_row_names_its_meter_and_every_failure_its_class(real_run):
         if t.status == "ok" and t.source == "extra":  # the defaults on held-out prompts only, for a decision
             assert t.meter["name"] == "smoke" and t.meter["prompt_split"] == "heldout" and t.meter["hash"] \
                 and t.heldout_tps > 0
+        elif t.status == "ok" and t.decision == "speed-only":   # too slow to pass: no quality phase
+            assert t.meter["name"] == "smoke" and t.meter["hash"] and t.tps > 0 and t.ppl is None
         elif t.status == "ok":
             assert t.meter["name"] == "smoke" and t.meter["hash"] and t.tps > 0 and t.ppl > 0
         if t.status == "failed":
