@@ -111,6 +111,9 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
     done = [t for t in trials if t.status != "running"]
     counts = Counter(t.status for t in done)
     failures = Counter(t.failure_class for t in done if t.status == "failed")
+    if not done:
+        lines.append("  no trial done yet")
+        return lines
     lines.append(f"  {len(done)} trial(s) done: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
                  + (f"; failures: {', '.join(f'{n} {c}' for c, n in sorted(failures.items()))}" if failures else "")
                  + f"; {len(accepted)} accepted")
