@@ -152,11 +152,8 @@ def fetch(package: dict, out: Path) -> dict:
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def build(out: Path, target: Target, say=lambda s: None) -> dict:

@@ -17,7 +17,7 @@ from rich.console import Console
 from sqlalchemy.exc import OperationalError
 from rich.table import Table
 
-from agent import budget, gitops, hub, ledger as ledgers, paths, recovery, space as spaces
+from agent import budget, gitops, hub, ledger as ledgers, paths, recovery, refusals, space as spaces
 from sandbox import model as embedded
 from agent.gate import GateSettings
 from agent.loop import Settings
@@ -43,6 +43,14 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 def open_ledger() -> ledgers.Ledger:
     return ledgers.Ledger(paths.home() / "ledger.sqlite")
+
+
+def chosen_run(ledger: ledgers.Ledger, run_id: str | None) -> ledgers.Run | None:
+    """The run a command is about: --run's, else the latest."""
+    if run_id:
+        return ledger.run(run_id)
+    runs = ledger.runs()
+    return runs[0] if runs else None
 
 
 def has_gpu() -> bool:
@@ -365,10 +373,7 @@ def _close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None
 
 def _claim(t: ledgers.Trial) -> str:
     """A branch's claim as the morning reader needs it: held-out ratio and bounds, search ratio beside."""
-    if t.heldout_ratio is not None and t.heldout_interval:
-        return f"{t.heldout_ratio:.3f}x held-out [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}], " \
-               f"{t.tps_ratio:.3f}x search"
-    return f"{t.tps_ratio:.3f}x search"
+    return f"{t.held_out_claim}, {t.tps_ratio:.3f}x search" if t.held_out_claim else f"{t.tps_ratio:.3f}x search"
 
 
 def _summary(ledger: ledgers.Ledger, run_id: str) -> None:
@@ -379,7 +384,7 @@ def _summary(ledger: ledgers.Ledger, run_id: str) -> None:
     console.print(f"finished: run {run_id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
                   f"baseline {run_row.baseline_tps:.2f} tok/s (noise ±{run_row.noise:.1%} log-sd, "
                   f"{run_row.noise_df} df)", highlight=False)
-    for t in sorted(accepted, key=lambda t: -(t.heldout_ratio or t.tps_ratio)):
+    for t in sorted(accepted, key=lambda t: -t.claimed_ratio):
         console.print(f"  {t.branch}: {t.tps:.2f} tok/s, {_claim(t)}, ppl {t.ppl_change:+.2%}", highlight=False)
 
 
@@ -387,7 +392,7 @@ def _summary(ledger: ledgers.Ledger, run_id: str) -> None:
 def branches(run_id: str = typer.Option(None, "--run", help="Only this run.")) -> None:
     """Proposed branches, best first, with TPS, ratio to defaults, PPL change and greedy agreement."""
     rows = sorted((t for t in open_ledger().trials(run_id) if t.branch),
-                  key=lambda t: -(t.heldout_ratio or t.tps_ratio or 0))
+                  key=lambda t: -t.claimed_ratio)
     table = Table("branch", "tok/s", "claim (held-out vs defaults, bounds)", "search", "ppl change", "agreement",
                   "near-tie flips", "rule", "source", "commit")
     for t in rows:
@@ -447,8 +452,7 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
            html_file: Path = typer.Option(None, "--html", help="Write one self-contained HTML page with plots.")) -> None:
     """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""
     ledger = open_ledger()
-    runs = ledger.runs()
-    row = ledger.run(run_id) if run_id else (runs[0] if runs else None)
+    row = chosen_run(ledger, run_id)
     if row is None:
         raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
     trials = ledger.trials(row.id)
@@ -487,13 +491,13 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     for r in ledger.learned_rules(row.id):
         skipped = sum(1 for t in trials if t.failure_message and f"learned rule {r.id} " in t.failure_message)
         say(f"  learned rule {r.id} (trial {r.from_trial}, {r.stage}, {r.how}): vLLM refuses "
-            f"{', '.join(f'{k}={v}' for k, v in r.settings.items())}: {r.message[:200]}; {skipped} point(s) skipped")
+            f"{refusals.describe(r.settings)}: {r.message[:200]}; {skipped} point(s) skipped")
     for c in ledger.narrowings(row.id):
         say(f"  narrowed {c.knob} to [{c.low:g}, {c.high:g}] after trial {c.after_trial}: {c.rationale}")
     drift = [t for t in trials if t.source == "drift"]
     if drift:
         say(f"  drift checks: {', '.join(f'{t.tps_ratio:.3f}x' for t in drift if t.tps_ratio)}")
-    accepted = sorted((t for t in trials if t.branch), key=lambda t: -(t.heldout_ratio or t.tps_ratio or 0))
+    accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     for t in accepted:
         say(f"  {t.branch}: {_claim(t)}, ppl {t.ppl_change:+.2%}, {len(t.flips or [])} near-tie flip(s) "
             f"[{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
@@ -510,8 +514,7 @@ def status(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     from agent.status import status as describe
 
     ledger = open_ledger()
-    runs = ledger.runs()
-    row = ledger.run(run_id) if run_id else (runs[0] if runs else None)
+    row = chosen_run(ledger, run_id)
     if row is None:
         raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
     for line in describe(ledger, row, Path(row.settings.get("home") or paths.home())):
@@ -558,8 +561,7 @@ def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     if not host_found:
         out.print("  host: engine imports, GPUs (if any) free, transformers recent, disk enough", highlight=False)
     ledger = open_ledger()
-    runs = ledger.runs()
-    row = ledger.run(run_id) if run_id else (runs[0] if runs else None)
+    row = chosen_run(ledger, run_id)
     if row is None and not run_id:
         raise typer.Exit(1 if host_found else 0)   # nothing run yet: the host is all there is to check
     if row is None:

@@ -106,6 +106,19 @@ class Trial(Base):
     run: Mapped[Run] = relationship(back_populates="trials")
     repeats: Mapped[list["Repeat"]] = relationship(back_populates="trial", order_by="Repeat.id")
 
+    @property
+    def claimed_ratio(self) -> float:
+        """What a branch is ranked by: its held-out ratio (the committed claim), else its search ratio."""
+        return self.heldout_ratio or self.tps_ratio or 0.0
+
+    @property
+    def held_out_claim(self) -> str | None:
+        """The committed claim as people read it: the held-out ratio and its bounds."""
+        if self.heldout_ratio is None or not self.heldout_interval:
+            return None
+        low, high = self.heldout_interval
+        return f"{self.heldout_ratio:.3f}x held-out [{low:.3f}, {high:.3f}]"
+
 
 class Repeat(Base):
     """One measured phase behind a trial's figure (several per server, several servers for the baseline)."""

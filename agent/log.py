@@ -8,6 +8,7 @@ from pathlib import Path
 import structlog
 from rich.console import Console
 from rich.markup import escape
+from agent import refusals
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
@@ -15,7 +16,7 @@ def _line(event: str, info: dict) -> str | None:
     if event == "run":
         return f"run {info['id']}: budget {info['budget']} (until {info['deadline']}), {info['space']}, {info['workload']}"
     if event == "trial":
-        params = ", ".join(f"{k}={v}" for k, v in info["params"].items()) or "engine defaults"
+        params = refusals.describe(info["params"]) or "engine defaults"
         best = f"best {info['best']:.3f}x" if info.get("best") else "no accepted config yet"
         why = f"\n    why: {info['rationale']}" if info.get("rationale") and info["source"] == "planner" else ""
         line = f"trial {info['number']} [{info['source']}] ({info['left_s'] / 60:.0f} min left, {best}): {params}"

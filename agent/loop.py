@@ -344,7 +344,7 @@ def start_trial(run: Run, ledger: Ledger, space: Space, defaults: dict, point: d
 
 
 def best_ratio(history: list[Trial]) -> float | None:
-    return max((t.heldout_ratio or t.tps_ratio for t in history if t.branch), default=None)
+    return max((t.claimed_ratio for t in history if t.branch), default=None)
 
 
 def run_worker(run: Run, row: Trial, settings: Settings, engine: Engine, timeout_s: float, say: Callable,

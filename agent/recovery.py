@@ -21,6 +21,7 @@ from pathlib import Path
 
 import git
 import optuna
+import psutil
 
 from agent import gitops
 from agent.engine import reap
@@ -29,6 +30,23 @@ from agent.ledger import Ledger, Run, utcnow
 
 class Busy(RuntimeError):
     pass
+
+
+def lock_holder(home: Path) -> int | None:
+    """The pid of the live `agent run` holding this home's run lock, read without taking the lock
+    (taking it, even for a moment, would refuse an `agent run` starting in that moment)."""
+    try:
+        text = (home / "run.lock").read_text()
+    except OSError:
+        return None
+    pid = text.rsplit("pid ", 1)[-1].strip() if "pid " in text else ""
+    if not pid.isdigit():
+        return None
+    try:
+        process = psutil.Process(int(pid))
+        return int(pid) if process.is_running() and process.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
 
 
 @contextmanager

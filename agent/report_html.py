@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from agent.ledger import LearnedRule, Run, Trial
+from agent.refusals import describe
 
 SECTIONS = ["summary", "branches", "speed-over-time", "speed-vs-quality", "speed-vs-latency", "failures",
             "importance", "speed-only", "trials"]
@@ -42,13 +43,11 @@ def _figure(fig) -> str:
 
 
 def _claim(t: Trial) -> str:
-    if t.heldout_ratio is not None and t.heldout_interval:
-        return f"{t.heldout_ratio:.3f}x held-out [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
-    return f"{t.tps_ratio:.3f}x search" if t.tps_ratio else ""
+    return t.held_out_claim or (f"{t.tps_ratio:.3f}x search" if t.tps_ratio else "")
 
 
 def _label(t: Trial) -> str:
-    params = ", ".join(f"{k}={v}" for k, v in t.params.items()) or "engine defaults"
+    params = describe(t.params) or "engine defaults"
     return f"trial {t.number} [{t.source}] {t.decision or t.status}<br>{html.escape(params)[:300]}"
 
 
@@ -118,7 +117,7 @@ def failures(trials: list[Trial], rules: list[LearnedRule]) -> str:
                               (t.failure_cause or t.failure_message or "")[:400]] for t in failed]))
     parts.append("<h3>Learned rules (what vLLM refused, reduced to its cause)</h3>")
     parts.append(_table(["rule", "from trial", "stage", "how", "settings", "vLLM said"],
-                        [[r.id, r.from_trial, r.stage, r.how, ", ".join(f"{k}={v}" for k, v in r.settings.items()),
+                        [[r.id, r.from_trial, r.stage, r.how, describe(r.settings),
                           r.message[:300]] for r in rules]) if rules else "<p>None: vLLM refused nothing.</p>")
     pruned = [t for t in trials if t.status == "pruned"]
     parts.append("<h3>Pruned trials (stopped once they could not beat the defaults)</h3>")
@@ -145,7 +144,7 @@ def importance(study) -> str:
 
 
 def branch_section(run: Run, trials: list[Trial], show: Callable[[str, str], str | None]) -> str:
-    accepted = sorted((t for t in trials if t.branch), key=lambda t: -(t.heldout_ratio or t.tps_ratio or 0))
+    accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     if not accepted:
         return "<p>No config was accepted in this run.</p>"
     parts = []
@@ -188,7 +187,7 @@ def render(run: Run, trials: list[Trial], rules: list[LearnedRule], study,
     rows = [[t.number, t.source, t.status, t.decision, f"{t.tps:.2f}" if t.tps else "",
              f"{t.tps_ratio:.3f}" if t.tps_ratio else "", _claim(t) if t.heldout_ratio else "",
              f"{t.ppl_change:+.2%}" if t.ppl_change is not None else "",
-             ", ".join(f"{k}={v}" for k, v in t.params.items()) or "engine defaults", t.rationale or ""]
+             describe(t.params) or "engine defaults", t.rationale or ""]
             for t in trials]
     body = {
         "summary": ("What the night found", summary),

@@ -2,8 +2,7 @@
 
 Everything here is read without taking anything from the run: the ledger (SQLite in WAL mode, so a
 reader never blocks the writer), the run's events.jsonl for the phase in flight, and the run lock's
-file for who holds it (read, never locked: a lock taken here for a moment would refuse an
-`agent run` starting in that moment).
+file for who holds it (recovery.lock_holder, which never takes the lock).
 """
 
 from __future__ import annotations
@@ -13,25 +12,9 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-import psutil
-
+from agent import refusals
 from agent.ledger import Ledger, Run, Trial
-
-
-def holder(home: Path) -> int | None:
-    """The pid of the `agent run` that holds this ledger, if it is alive."""
-    try:
-        text = (home / "run.lock").read_text()
-    except OSError:
-        return None
-    pid = text.rsplit("pid ", 1)[-1].strip() if "pid " in text else ""
-    if not pid.isdigit():
-        return None
-    try:
-        alive = psutil.Process(int(pid))
-        return int(pid) if alive.is_running() and alive.status() != psutil.STATUS_ZOMBIE else None
-    except psutil.Error:
-        return None
+from agent.recovery import lock_holder
 
 
 def in_flight(events: Path) -> tuple[int, str, datetime] | None:
@@ -65,13 +48,13 @@ def minutes(seconds: float) -> str:
 
 
 def describe_params(t: Trial) -> str:
-    return ", ".join(f"{k}={v}" for k, v in t.params.items()) or "engine defaults"
+    return refusals.describe(t.params) or "engine defaults"
 
 
 def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = None) -> list[str]:
     now = now or datetime.now(timezone.utc)
     started, deadline = datetime.fromisoformat(run.started_at), datetime.fromisoformat(run.deadline_at)
-    pid = holder(home) if run.status == "running" else None
+    pid = lock_holder(home) if run.status == "running" else None
     if run.status == "running":
         state = (f"running, agent run pid {pid}" if pid else
                  f"stopped without finishing (no process holds it): agent run --resume {run.id}")
@@ -100,12 +83,10 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
     else:
         lines += [f"  trial {t.number} [{t.source}] interrupted (the resume records it): {describe_params(t)}"
                   for t in trials if t.status == "running"]
-    accepted = sorted((t for t in trials if t.branch), key=lambda t: -(t.heldout_ratio or t.tps_ratio or 0))
+    accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     if accepted:
         b = accepted[0]
-        claim = (f"{b.heldout_ratio:.3f}x held-out [{b.heldout_interval[0]:.3f}, {b.heldout_interval[1]:.3f}]"
-                 if b.heldout_ratio is not None and b.heldout_interval else f"{b.tps_ratio:.3f}x")
-        lines.append(f"  best so far: {b.branch} {claim}, trial {b.number}")
+        lines.append(f"  best so far: {b.branch} {b.held_out_claim or f'{b.tps_ratio:.3f}x'}, trial {b.number}")
     else:
         lines.append("  best so far: nothing accepted yet")
     done = [t for t in trials if t.status != "running"]
