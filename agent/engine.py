@@ -34,16 +34,20 @@ def _failed(klass: str, message: str) -> dict:
 
 
 class WorkerEngine:
-    """evaluate(spec, trial_dir, timeout_s) -> the worker's result dict (never raises for a trial)."""
+    """evaluate(spec, trial_dir, timeout_s) -> the worker's result dict (never raises for a trial).
 
-    def __init__(self):
+    slot: the device this engine's trials run on when a host has several workers (agent.devices):
+    its variables reach the trial (GPU, cores, ports, caches), and a core binding is to its own cores."""
+
+    def __init__(self, slot=None):
         self._preflight: Preflight | None = None
+        self.slot = slot
 
     def preflight(self, model: str, flags: dict, env: dict) -> dict | None:
         """vLLM's verdict on a point's config without a start (see sandbox.preflight); None: no verdict."""
         if self._preflight is None or self._preflight.model != model:
             self.close()
-            self._preflight = Preflight(model)
+            self._preflight = Preflight(model, env=self.slot.env if self.slot else {})
         return self._preflight.check(flags, env)
 
     def close(self) -> None:
@@ -65,14 +69,15 @@ class WorkerEngine:
     def evaluate(self, spec: dict, trial_dir: Path, timeout_s: float,
                  on_phase: Callable[[str], None] = lambda phase: None) -> dict:
         trial_dir.mkdir(parents=True, exist_ok=True)
+        spec = self._on_device(spec)
         spec_path, out, progress = trial_dir / "trial.yaml", trial_dir / "result.json", trial_dir / "progress.json"
         spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
         argv = [sys.executable, "-m", "sandbox.worker", str(spec_path), "--out", str(out),
                 "--progress", str(progress), "--log", str(trial_dir / "server.log")]
         with open(trial_dir / "worker.log", "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=worker_env(), start_new_session=True,
-                                    cwd=Path(__file__).resolve().parents[1])
+                                    env={**worker_env(), **(self.slot.env if self.slot else {})},
+                                    start_new_session=True, cwd=Path(__file__).resolve().parents[1])
         deadline = time.monotonic() + timeout_s
         phase, interrupted = "", None
         try:
@@ -98,7 +103,18 @@ class WorkerEngine:
             result["failure"]["log_tail"] = tail
         if interrupted:
             raise interrupted
+        if self.slot is not None:
+            result["device"] = self.slot.device
         return result
+
+    def _on_device(self, spec: dict) -> dict:
+        """A point that binds vLLM's threads to every core means this worker's cores, on a shared host."""
+        bind = spec["env"].get("VLLM_CPU_OMP_THREADS_BIND")
+        if self.slot is None or not self.slot.cores or bind in (None, "auto"):
+            return spec
+        from agent.devices import span
+
+        return {**spec, "env": {**spec["env"], "VLLM_CPU_OMP_THREADS_BIND": span(self.slot.cores)}}
 
     @staticmethod
     def _stop(proc: subprocess.Popen, progress: Path) -> None:
@@ -162,8 +178,8 @@ class Preflight:
     The process lives in its own session and is killed as a group by close() or on any timeout.
     """
 
-    def __init__(self, model: str, start_s: float = 180.0, answer_s: float = 60.0):
-        self.model, self.start_s, self.answer_s = model, start_s, answer_s
+    def __init__(self, model: str, start_s: float = 180.0, answer_s: float = 60.0, env: dict | None = None):
+        self.model, self.start_s, self.answer_s, self.env = model, start_s, answer_s, env or {}
         self.proc: subprocess.Popen | None = None
         self.broken = False
         self.import_s: float | None = None
@@ -184,7 +200,8 @@ class Preflight:
         if self.broken:
             return False
         self.proc = subprocess.Popen([sys.executable, "-m", "sandbox.preflight", self.model], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=worker_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     env={**worker_env(), **self.env},
                                      cwd=Path(__file__).resolve().parents[1], start_new_session=True)
         try:
             ready = self._read(self.start_s)

@@ -1,8 +1,9 @@
-"""The ledger: every run and every trial, failures included, in one SQLite file.
+"""The ledger: every run and every trial, failures included, in one SQLite file (or, for a run
+whose workers are on several hosts, one PostgreSQL database: agent.storage).
 
 It is the record of a night: the Optuna study can be rebuilt from it, branches point back to
 its rows, and `agent ledger sql` reads it directly. SQLite in WAL mode with a busy timeout, so a
-reader never blocks the run that writes.
+reader never blocks the run that writes and several local workers wait for each other.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine,
-                        event, inspect, select, text)
+                        event, inspect, select, text, update)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
 
@@ -101,6 +104,8 @@ class Trial(Base):
     log_path: Mapped[str | None] = mapped_column(String)
     rationale: Mapped[str | None] = mapped_column(Text)
     meter: Mapped[dict[str, Any]] = mapped_column(default=dict)     # workload name, version, hash
+    measured: Mapped[dict[str, Any] | None] = mapped_column(JSON)   # latencies, repeats, engine, hardware: for the branch
+    worker_id: Mapped[int | None] = mapped_column(Integer)         # the worker (process on a device) that ran it
     started_at: Mapped[str] = mapped_column(String, default=utcnow)
     finished_at: Mapped[str | None] = mapped_column(String)
     run: Mapped[Run] = relationship(back_populates="trials")
@@ -181,19 +186,53 @@ class LearnedRule(Base):
     checks: Mapped[int] = mapped_column(Integer, default=0)  # pre-flight checks the reduction took
 
 
-class Ledger:
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": 30})
+class Worker(Base):
+    """One process running trials of a run on one device (a GPU, or a set of cores), on some host.
 
-        @event.listens_for(self.engine, "connect")
-        def _pragmas(dbapi_conn, _):
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.close()
+    It writes heartbeat_at while it lives; one that falls silent is declared lost by whoever notices
+    first (agent.crew.bury), and its trial in flight is recorded as interrupted, once."""
+
+    __tablename__ = "workers"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    name: Mapped[str] = mapped_column(String)      # host/slot, as reports show it
+    host: Mapped[str] = mapped_column(String)
+    pid: Mapped[int] = mapped_column(Integer)
+    slot: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str] = mapped_column(String)    # "GPU 1", "cores 2-3", or "host" (one worker, everything)
+    role: Mapped[str] = mapped_column(String)      # coordinator (re-checks, commits) or worker
+    status: Mapped[str] = mapped_column(String, default="running")   # running, stopped, lost
+    started_at: Mapped[str] = mapped_column(String, default=utcnow)
+    heartbeat_at: Mapped[str] = mapped_column(String, default=utcnow)
+    stopped_at: Mapped[str | None] = mapped_column(String)
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class Ledger:
+    def __init__(self, where: Path | str):
+        """where: a SQLite file's path, or a database URL (sqlite:///..., postgresql+psycopg://...)."""
+        url = str(where) if "://" in str(where) else None
+        self.path = None if url else Path(where)
+        self.sqlite = url is None or url.startswith("sqlite")
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            url = f"sqlite:///{self.path}"
+        elif self.sqlite:
+            self.path = Path(url.split("///", 1)[1])
+        self.url = url
+        # How messages name it: the file, or the URL without its password.
+        self.where = str(self.path) if self.sqlite else make_url(url).render_as_string(hide_password=True)
+        self.engine = (create_engine(url, connect_args={"timeout": 30}) if self.sqlite
+                       else create_engine(url, pool_pre_ping=True))
+
+        if self.sqlite:
+            @event.listens_for(self.engine, "connect")
+            def _pragmas(dbapi_conn, _):
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA busy_timeout=30000")
+                cur.execute("PRAGMA foreign_keys=ON")
+                cur.close()
 
         Base.metadata.create_all(self.engine)
         self._add_new_columns()
@@ -214,6 +253,31 @@ class Ledger:
         with self.session.begin() as s:
             s.add(row)
         return row
+
+    def add_trial(self, row: "Trial") -> "Trial":
+        """Insert a trial under the run's next number. Several workers may take the same number at
+        once: the (run, number) uniqueness refuses all but one, and the others take the next."""
+        for _ in range(100):
+            row.number = self.next_number(row.run_id)
+            try:
+                with self.session.begin() as s:
+                    s.add(row)
+                return row
+            except IntegrityError:
+                row.id = None
+                continue
+        raise RuntimeError(f"run {row.run_id}: no free trial number after 100 attempts")
+
+    def claim(self, model: type[Base], id_: int, expect: dict, **values: Any) -> bool:
+        """Update one row only if its columns still hold `expect`: True for the one writer that did it
+        (how a lost worker's trial is recorded as interrupted once, whoever notices)."""
+        with self.session.begin() as s:
+            q = update(model).where(model.id == id_, *(getattr(model, k) == v for k, v in expect.items()))
+            return s.execute(q.values(**values)).rowcount == 1
+
+    def workers(self, run_id: str) -> list[Worker]:
+        with self.session() as s:
+            return list(s.scalars(select(Worker).where(Worker.run_id == run_id).order_by(Worker.id)))
 
     def update(self, row: Base, **values: Any) -> Base:
         with self.session.begin() as s:
@@ -261,7 +325,16 @@ class Ledger:
             return 0 if last is None else last + 1
 
     def sql(self, query: str) -> tuple[list[str], list[tuple]]:
-        """Run a read-only query: the connection is opened read-only, so writes fail."""
+        """Run a read-only query: SQLite opened read-only, PostgreSQL in a read-only transaction (rolled
+        back after), so a write fails either way."""
+        if not self.sqlite:
+            with self.engine.connect() as conn:
+                conn.execute(text("SET TRANSACTION READ ONLY"))
+                try:
+                    cur = conn.exec_driver_sql(query)
+                    return list(cur.keys()) if cur.returns_rows else [], [tuple(r) for r in cur] if cur.returns_rows else []
+                finally:
+                    conn.rollback()
         import sqlite3
 
         conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)

@@ -17,10 +17,10 @@ from typing import Protocol
 
 import optuna
 
-from agent import gate, gitops, proposal, refusals
+from agent import crew, gate, gitops, proposal, refusals
 from agent.budget import seconds_left
 from agent.gate import Baseline, GateSettings, Instance, MeasureFailed
-from agent.ledger import LearnedRule, Ledger, RangeChange, Repeat, Run, Trial, utcnow
+from agent.ledger import LearnedRule, Ledger, RangeChange, Repeat, Run, Trial, Worker, utcnow
 from agent.planner import BuiltinPlanner, Planner
 from agent.space import Space
 from agent.stats import compare, interval, pooled_noise
@@ -43,7 +43,8 @@ class Engine(Protocol):
     def defaults(self, model: str, names: list[str]) -> dict[str, list | None]: ...
 
 
-DEFAULTS_SOURCES = ("baseline", "aa", "drift", "extra")   # rows that are instances of the engine defaults
+# Rows that are instances of the engine defaults; "device": one on each further device of the run.
+DEFAULTS_SOURCES = ("baseline", "aa", "drift", "extra", "device")
 CANDIDATES = ("planner", "sampler")
 
 
@@ -69,6 +70,7 @@ class Settings:
     preflight: bool = True
     prune: bool = True
     near_start: bool = False
+    home: Path | None = None       # where trial folders go (default: the run's home; a worker on another host: its own)
 
 
 class BaselineFailed(RuntimeError):
@@ -85,16 +87,17 @@ def say_nothing(event: str, **info) -> None:
 
 
 def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine,
-               repo, storage: str, say: Callable = say_nothing, planner: Planner | None = None) -> Run:
-    """Search until the run's deadline; returns the finished run row."""
+               repo, storage, say: Callable = say_nothing, planner: Planner | None = None,
+               me: Worker | None = None) -> Run:
+    """The coordinator: search until the run's deadline; returns the finished run row. Workers on other
+    devices (agent.crew) share its study; their candidates that pass on the search prompts are put
+    forward, and only this loop re-checks them and commits."""
     planner = planner or BuiltinPlanner()
     defaults = engine_defaults(run, settings, space, ledger, engine)
-    base = measure_baseline(run, settings, space, ledger, engine, defaults, say)
+    measure_baseline(run, settings, space, ledger, engine, defaults, say)
     preflight = preflight_for(run, settings, space, engine, say)
-    study = optuna.create_study(study_name=run.id, storage=storage, direction="maximize", load_if_exists=True,
-                                sampler=make_sampler(settings))
+    study = open_study(run, settings, storage)
     sampler_space = narrowed(space, ledger.narrowings(run.id))
-    seen, since_planner = told_so_far(study, settings)
     # One-knob changes stand in for TPE's random start-up points, as many as it would draw: more of them
     # delayed the best config on the simulated engine (docs/results.md, the search benchmark).
     near = space.near_defaults(defaults, settings.seed)[:STARTUP_TRIALS] if settings.near_start else []
@@ -103,10 +106,16 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         history = ledger.trials(run.id)   # the run's state, read once per step
         rules = ledger.learned_rules(run.id) if settings.preflight else []
         base = baseline_from(history, settings.gate)
+        seen, since_planner = told_so_far(study, settings)
         if (left := seconds_left(run.deadline_at)) <= expected_trial_s(history) or spent(history, settings):
             break
+        if crew.bury(ledger, run, study, home_of(run, settings), say):
+            continue
         if drift_due(history, settings):
             check_drift(run, settings, space, ledger, engine, base, defaults, say)
+            continue
+        if forward := put_forward(history, me):
+            decide(run, forward, settings, ledger, engine, base, history, repo, say)
             continue
         if since_planner >= settings.sampler_per_planner and not waiting(study):
             enqueue(study, planner.propose(space, run, history, facts_for(settings, rules), k=1))
@@ -114,38 +123,153 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         if not waiting(study) and (first := next_near(near, seen, sampler_space)):
             study.enqueue_trial(first, user_attrs={"source": "sampler", "knobs": list(first), "rationale":
                                                    "one knob changed from the engine's defaults"})
-        trial = study.ask()
-        source = trial.user_attrs.get("source", "sampler")
-        # A planner's proposal or a first single-knob point is exactly its knobs (the rest stay at
-        # engine defaults); the sampler's own trials walk the whole space, within any narrowed range.
-        point = ({n: space.knobs[n].suggest(trial) for n in trial.user_attrs["knobs"]}
-                 if "knobs" in trial.user_attrs else sampler_space.sample(trial))
-        since_planner = 0 if source == "planner" else since_planner + 1
-        key = repr(sorted(point.items()))
-        if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
-            tell(study, trial, *seen[key])
-            repeats_in_a_row += 1
-            if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
-                say("exhausted", asks=repeats_in_a_row)
-                break
-            continue
-        repeats_in_a_row = 0
-        row = start_trial(run, ledger, space, defaults, point, source, trial.number, trial.user_attrs.get("rationale"))
-        say("trial", number=row.number, source=row.source, params=point, left_s=left,
-            best=best_ratio(history), rationale=row.rationale)
-        if why := excluded(point, space, rules, preflight, row):
-            finish(ledger, row, constraint=1.0, failure_class="invalid_config", **why)
-            say("result", number=row.number, row=ledger.trial(run.id, row.number))
-        else:
-            evaluate(run, row, settings, ledger, engine, base, history, repo, left, say)
-        row = ledger.trial(run.id, row.number)
-        if settings.preflight:
-            learn(run, row, point, space, defaults, preflight, ledger, say)
-        seen[key] = told(row)
-        tell(study, trial, *seen[key], pruned=row.status == "pruned")
-        if row.failure_class == "unclean_teardown":
-            raise DirtyMachine(f"trial {row.number} left the machine dirty: {row.failure_message}")
+        ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, base, history, rules,
+                        preflight, defaults, repo, left, say, me, coordinator=True)
+        repeats_in_a_row = 0 if ran else repeats_in_a_row + 1
+        if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
+            say("exhausted", asks=repeats_in_a_row)
+            break
+    wind_down(run, settings, ledger, engine, study, repo, me, say)
     return ledger.update(run, status="finished", finished_at=utcnow())
+
+
+def work(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, storage, me: Worker,
+         say: Callable = say_nothing, lost: Callable[[], bool] = lambda: False) -> None:
+    """A worker on a further device (of this host or another): the defaults on its own device (their
+    spread joins the baseline's noise), then candidates the shared study asks for, until the deadline
+    or the run's end. What passes on the search prompts is put forward to the coordinator."""
+    defaults = wait_for(ledger, run, lambda r: (r.calibration or {}).get("engine_defaults"), say, "the engine's defaults")
+    if defaults is None:
+        return
+    if not any(t.source in ("baseline", "device") and t.worker_id == me.id and t.status == "ok"
+               for t in ledger.trials(run.id)):
+        run_defaults(run, settings, space, ledger, engine, defaults, say, "device",
+                     f"the defaults on {me.device} of {me.host}: this device's instance of the baseline", me)
+    if wait_for(ledger, run, lambda r: r.baseline_tps, say, "the baseline and the A/A check") is None:
+        return
+    preflight = preflight_for(run, settings, space, engine, say)
+    study = open_study(run, settings, storage)
+    sampler_space = narrowed(space, ledger.narrowings(run.id))
+    repeats_in_a_row = 0
+    while not lost():
+        if ledger.run(run.id).status != "running":
+            break
+        history = ledger.trials(run.id)   # the run's state, read once per step
+        rules = ledger.learned_rules(run.id) if settings.preflight else []
+        base = baseline_from(history, settings.gate)
+        if (left := seconds_left(run.deadline_at)) <= expected_trial_s(history) or spent(history, settings):
+            break
+        crew.bury(ledger, run, study, home_of(run, settings), say)
+        seen, _ = told_so_far(study, settings)
+        sampler_space = narrowed(space, ledger.narrowings(run.id))
+        ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, base, history, rules,
+                        preflight, defaults, None, left, say, me, coordinator=False)
+        repeats_in_a_row = 0 if ran else repeats_in_a_row + 1
+        if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
+            say("exhausted", asks=repeats_in_a_row)
+            break
+
+
+def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, study: optuna.Study,
+              sampler_space: Space, seen: dict, base: Baseline, history: list[Trial], rules: list[LearnedRule],
+              preflight, defaults: dict, repo, left: float, say: Callable, me: Worker | None,
+              coordinator: bool) -> bool:
+    """Ask the study for one point and try it; False when the point was answered already (no server)."""
+    trial = study.ask()
+    source = trial.user_attrs.get("source", "sampler")
+    # A planner's proposal or a first single-knob point is exactly its knobs (the rest stay at
+    # engine defaults); the sampler's own trials walk the whole space, within any narrowed range.
+    point = ({n: space.knobs[n].suggest(trial) for n in trial.user_attrs["knobs"]}
+             if "knobs" in trial.user_attrs else sampler_space.sample(trial))
+    key = repr(sorted(point.items()))
+    if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
+        tell(study, trial, *seen[key])
+        return False
+    if other := next((t for t in history if t.status == "running" and repr(sorted(t.params.items())) == key), None):
+        # Another worker measures this very point now: no second server for it, and nothing to learn.
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        say("duplicate", number=other.number)
+        return False
+    row = start_trial(run, ledger, space, defaults, point, source, trial.number, trial.user_attrs.get("rationale"), me)
+    say("trial", number=row.number, source=row.source, params=point, left_s=left,
+        best=best_ratio(history), rationale=row.rationale)
+    if why := excluded(point, space, rules, preflight, row):
+        finish(ledger, row, constraint=1.0, failure_class="invalid_config", **why)
+        say("result", number=row.number, row=ledger.trial(run.id, row.number))
+    else:
+        evaluate(run, row, settings, ledger, engine, base, history, repo, left, say, coordinator=coordinator)
+    row = ledger.trial(run.id, row.number)
+    if settings.preflight:
+        learn(run, row, point, space, defaults, preflight, ledger, say)
+    tell(study, trial, *told(row), pruned=row.status == "pruned")
+    if row.failure_class == "unclean_teardown":
+        raise DirtyMachine(f"trial {row.number} left the machine dirty: {row.failure_message}")
+    return True
+
+
+def open_study(run: Run, settings: Settings, storage) -> optuna.Study:
+    """The run's study, created by the first process that asks (the others load it)."""
+    for _ in range(3):
+        try:
+            return optuna.create_study(study_name=run.id, storage=storage, direction="maximize",
+                                       load_if_exists=True, sampler=make_sampler(settings))
+        except optuna.exceptions.DuplicatedStudyError:   # created by another worker in the same instant
+            continue
+    return optuna.load_study(study_name=run.id, storage=storage, sampler=make_sampler(settings))
+
+
+def wait_for(ledger: Ledger, run: Run, ready: Callable[[Run], object], say: Callable, what: str):
+    """Poll the run's row until ready(row) is truthy (returned), or None once the run is no longer going."""
+    said = False
+    while True:
+        row = ledger.run(run.id)
+        if (value := ready(row)) or row.status != "running" or seconds_left(row.deadline_at) <= 0:
+            return value or None
+        if not said:
+            say("waiting", what=what)
+            said = True
+        time.sleep(min(crew.heartbeat_s(), 5.0))
+
+
+def home_of(run: Run, settings: Settings) -> Path:
+    return Path(settings.home or run.settings["home"])
+
+
+def put_forward(history: list[Trial], me: Worker | None) -> Trial | None:
+    """The oldest candidate a worker put forward that no one has decided yet."""
+    return next((t for t in history if t.decision == "put_forward" and t.status == "ok"), None)
+
+
+def decide(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Engine, base: Baseline,
+           history: list[Trial], repo, say: Callable) -> None:
+    """A worker's candidate that passed on the search prompts: the held-out decision and the branch,
+    as for the coordinator's own (on the coordinator's device, against the defaults' instances)."""
+    say("phase", number=row.number, phase=f"deciding trial {row.number} put forward by a worker")
+    if by := slower_than_proposed(row, history, base, settings.gate):
+        ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*row.gate_reasons, by])
+    else:
+        ledger.update(row, decision="awaiting_recheck")
+        accepted = held_out(run, row, settings, ledger, engine, base, history, say) if settings.recheck else \
+            search_only(row, settings, ledger)
+        if accepted:
+            propose(run, row, settings, ledger, base, history, repo)
+    say("result", number=row.number, row=ledger.trial(run.id, row.number))
+
+
+def wind_down(run: Run, settings: Settings, ledger: Ledger, engine: Engine, study: optuna.Study, repo,
+              me: Worker | None, say: Callable) -> None:
+    """At the deadline: wait for the workers' trials in flight (they end by the deadline too), then decide
+    what they put forward while time is left; what cannot be re-checked in time is refused, and said so."""
+    while True:
+        history = ledger.trials(run.id)
+        running = [t for t in history if t.status == "running" and (me is None or t.worker_id != me.id)]
+        crew.bury(ledger, run, study, home_of(run, settings), say)
+        if not running or seconds_left(run.deadline_at) < -crew.STOP_GRACE_S:
+            break
+        time.sleep(min(crew.heartbeat_s(), 5.0))
+    while forward := put_forward(ledger.trials(run.id), me):
+        history = ledger.trials(run.id)
+        decide(run, forward, settings, ledger, engine, baseline_from(history, settings.gate), history, repo, say)
 
 
 # ---- Points vLLM refuses: the space's rules, the run's learned rules, the pre-flight ---------
@@ -266,8 +390,10 @@ def make_sampler(settings: Settings, constraints: Callable | None = None) -> opt
         return optuna.samplers.RandomSampler(seed=settings.seed)
     # Failures are told as infeasible through the constraint, so TPE learns which regions do not run.
     # A narrowed knob is sampled on its own (Optuna's documented fallback), hence no warning for it.
+    # constant_liar: with several workers, the points in flight count as bad ones, so two workers are
+    # not sent to the same place (with one worker nothing is in flight when it asks).
     return optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,
-                                      warn_independent_sampling=False,
+                                      warn_independent_sampling=False, constant_liar=True,
                                       constraints_func=constraints or (lambda t: t.user_attrs.get("constraint", [1.0])))
 
 
@@ -336,11 +462,11 @@ def engine_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, 
 
 
 def start_trial(run: Run, ledger: Ledger, space: Space, defaults: dict, point: dict, source: str,
-                optuna_number: int | None = None, rationale: str | None = None) -> Trial:
+                optuna_number: int | None = None, rationale: str | None = None, me: Worker | None = None) -> Trial:
     flags, env = space.to_flags_env(point)
-    return ledger.add(Trial(run_id=run.id, number=ledger.next_number(run.id), source=source,
-                            optuna_number=optuna_number, params=point, flags=flags, env=env,
-                            lossless=space.lossless(point, defaults), rationale=rationale))
+    return ledger.add_trial(Trial(run_id=run.id, source=source, optuna_number=optuna_number, params=point, flags=flags,
+                                  env=env, lossless=space.lossless(point, defaults), rationale=rationale,
+                                  worker_id=me.id if me else None))
 
 
 def best_ratio(history: list[Trial]) -> float | None:
@@ -349,7 +475,7 @@ def best_ratio(history: list[Trial]) -> float | None:
 
 def run_worker(run: Run, row: Trial, settings: Settings, engine: Engine, timeout_s: float, say: Callable,
                suffix: str = "", **extra) -> dict:
-    trial_dir = Path(run.settings["home"]) / run.id / f"trial-{row.number:03d}{suffix}"
+    trial_dir = home_of(run, settings) / run.id / f"trial-{row.number:03d}{suffix}"
     started = utcnow()
     t0 = time.monotonic()
     result = engine.evaluate(spec_for(run, settings, row.flags, row.env, **extra), trial_dir, timeout_s,
@@ -372,7 +498,9 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
         metrics=result.get("metrics") or {}, greedy=[g["token_ids"] for g in quality.get("greedy") or []] or None,
         top_logprobs=[g.get("top_logprobs") for g in quality.get("greedy") or []] or None,
         timings=result.get("timings") or {}, log_path=result.get("log_path"),
-        meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow())
+        meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow(),
+        measured={"ttft_ms": bench.get("ttft_ms"), "itl_ms": bench.get("itl_ms"), "repeats_tps": bench.get("repeats_tps"),
+                  "engine": result.get("engine"), "hardware": result.get("hardware"), "device": result.get("device")})
     repeats = [x for x in bench.get("repeats_tps") or [] if x and x > 0]
     if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`
         values["tps_interval"] = [round(x, 3) for x in interval(repeats)]
@@ -409,7 +537,9 @@ def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
     held-out-only instances measured for decisions."""
     first, verdict = judged_aa(history, settings)
     ok = [t for t in history if t.source in DEFAULTS_SOURCES and t.status == "ok"]
-    instances = [t for t in ok if t.source in ("baseline", "aa") or (t.source == "drift" and t.drift == 1.0)]
+    # A further device's instance is one more draw of the defaults: the spread between devices becomes
+    # part of the noise every candidate is judged with, whichever device it ran on (docs/scale-out.md).
+    instances = [t for t in ok if t.source in ("baseline", "aa", "device") or (t.source == "drift" and t.drift == 1.0)]
     extras = [t.heldout_tps for t in ok if t.source == "extra" and t.heldout_tps]
     base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras))
     drift = next((t.drift for t in reversed(ok) if t.source == "drift" and t.drift is not None), 1.0)
@@ -460,9 +590,9 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
 
 
 def run_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, defaults: dict,
-                 say: Callable, source: str, rationale: str) -> Trial:
+                 say: Callable, source: str, rationale: str, me: Worker | None = None) -> Trial:
     """One fresh server with the engine defaults, measured on the search and the held-out prompts."""
-    row = start_trial(run, ledger, space, defaults, {}, source, rationale=rationale)
+    row = start_trial(run, ledger, space, defaults, {}, source, rationale=rationale, me=me)
     say("trial", number=row.number, source=source, params={}, left_s=seconds_left(run.deadline_at), best=None)
     result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say, heldout_bench=True)
     record(ledger, row, result)
@@ -503,8 +633,9 @@ def check_drift(run: Run, settings: Settings, space: Space, ledger: Ledger, engi
 # ---- A candidate: gate, held-out decision, branch ----------------------------------------------
 
 def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Engine, base: Baseline,
-             history: list[Trial], repo, timeout_s: float, say: Callable) -> None:
-    """Run one candidate, gate it, decide it, propose it if accepted: all of it in its ledger row."""
+             history: list[Trial], repo, timeout_s: float, say: Callable, coordinator: bool = True) -> None:
+    """Run one candidate, gate it, decide it, propose it if accepted: all of it in its ledger row. A
+    worker (coordinator False) stops at the gate: what passes is put forward to the coordinator."""
     result = run_worker(run, row, settings, engine, timeout_s, say,
                         prune_below_tps=gate.prune_below(base) if settings.prune else None,
                         quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None)
@@ -529,11 +660,13 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
         return
     if verdict.passed and (by := slower_than_proposed(row, history, base, settings.gate)):
         ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*verdict.reasons, by])
+    elif verdict.passed and not coordinator:
+        ledger.update(row, decision="put_forward")
     elif verdict.passed:
         accepted = held_out(run, row, settings, ledger, engine, base, history, say) if settings.recheck else \
-            search_only(row, verdict, settings, ledger)
+            search_only(row, settings, ledger)
         if accepted:
-            propose(run, row, result, settings, ledger, base, history, repo)
+            propose(run, row, settings, ledger, base, history, repo)
     say("result", number=row.number, row=ledger.trial(run.id, row.number))
 
 
@@ -557,13 +690,14 @@ def cut_short(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Cal
     say("result", number=row.number, row=ledger.trial(row.run_id, row.number))
 
 
-def search_only(row: Trial, verdict: gate.Verdict, settings: Settings, ledger: Ledger) -> bool:
+def search_only(row: Trial, settings: Settings, ledger: Ledger) -> bool:
     """With the held-out re-check off, the search instance alone must clear the bound."""
     need = 1 + settings.gate.min_gain
-    accepted = verdict.search.low > need
+    low, high = row.search_interval
+    accepted = low > need
     ledger.update(row, gate_passed=accepted, decision="accepted" if accepted else "refused",
-                  gate_reasons=[f"search {verdict.search.ratio:.3f}x [{verdict.search.low:.3f}, "
-                                f"{verdict.search.high:.3f}] {'clears' if accepted else 'does not clear'} {need:.3f}"])
+                  gate_reasons=[f"search {row.tps_ratio:.3f}x [{low:.3f}, "
+                                f"{high:.3f}] {'clears' if accepted else 'does not clear'} {need:.3f}"])
     return accepted
 
 
@@ -595,7 +729,7 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
     defaults_row = next(t for t in history if t.source == "baseline")
 
     def more_defaults() -> float:
-        extra = ledger.add(Trial(run_id=run.id, number=ledger.next_number(run.id), source="extra", params={},
+        extra = ledger.add_trial(Trial(run_id=run.id, source="extra", params={},
                                  flags=defaults_row.flags, env=defaults_row.env, lossless=True,
                                  rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
@@ -628,7 +762,7 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
     return decision.accepted
 
 
-def propose(run: Run, row: Trial, result: dict, settings: Settings, ledger: Ledger, base: Baseline,
+def propose(run: Run, row: Trial, settings: Settings, ledger: Ledger, base: Baseline,
             history: list[Trial], repo) -> None:
     """A branch for an accepted config, unless a proposed one is as fast (within the noise) and no
     worse on the run's SLO latencies: a dominated config is recorded as such, not branched."""
@@ -638,7 +772,7 @@ def propose(run: Run, row: Trial, result: dict, settings: Settings, ledger: Ledg
         return
     branch = f"agent/{run.id}/{row.number}"
     try:
-        commit = gitops.propose(repo, branch, proposal.files(run, row, result), proposal.message(run, row))
+        commit = gitops.propose(repo, branch, proposal.files(run, row), proposal.message(run, row))
         ledger.update(row, branch=branch, commit=commit)
     except gitops.RepoError as e:
         ledger.update(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])

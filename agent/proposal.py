@@ -14,7 +14,9 @@ import yaml
 from agent.ledger import Run, Trial
 
 
-def files(run: Run, trial: Trial, result: dict) -> dict[str, tuple[str, bool]]:
+def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
+    """From the ledger row alone: the coordinator commits trials that workers on other hosts measured."""
+    measured = trial.measured or {}
     config = "# Serving config proposed by agent; see results.json for how it was measured.\n"
     config += yaml.safe_dump(trial.flags, sort_keys=False)
     exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(trial.env.items()))
@@ -41,9 +43,10 @@ def files(run: Run, trial: Trial, result: dict) -> dict[str, tuple[str, bool]]:
                                                                           if k != "engine_defaults"},
         "ppl": trial.ppl, "ppl_change": trial.ppl_change, "baseline_ppl": run.baseline_ppl,
         "greedy_agreement": trial.agreement, "lossless": trial.lossless,
-        "ttft_ms": result["bench"]["ttft_ms"], "itl_ms": result["bench"]["itl_ms"],
-        "tps_repeats": result["bench"].get("repeats_tps"),
-        "meter": trial.meter, "engine": result.get("engine"), "hardware": result.get("hardware"),
+        "ttft_ms": measured.get("ttft_ms"), "itl_ms": measured.get("itl_ms"),
+        "tps_repeats": measured.get("repeats_tps"),
+        "meter": trial.meter, "engine": measured.get("engine"), "hardware": measured.get("hardware"),
+        "device": measured.get("device"),
         "model": run.model, "model_revision": run.model_revision, "params": trial.params, "flags": trial.flags, "env": trial.env,
     }
     return {

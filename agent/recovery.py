@@ -19,13 +19,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import socket
+
 import git
 import optuna
 import psutil
 
-from agent import gitops
+from agent import crew, gitops
 from agent.engine import reap
-from agent.ledger import Ledger, Run, utcnow
+from agent.ledger import Ledger, Run, Worker, utcnow
 
 
 class Busy(RuntimeError):
@@ -84,15 +86,33 @@ def _our_branches(repo: git.Repo | None, run: Run) -> dict[int, str]:
             if b.startswith(prefix) and b[len(prefix):].isdigit()}
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> list[str]:
     """Bring a crashed run back to a consistent state; returns what was done, one line each."""
     done = []
     home = run.settings.get("home") if run.settings else None
+    host = socket.gethostname()
+    for w in ledger.workers(run.id):
+        # This host's workers died with the run (a local worker ends when its coordinator is gone);
+        # a worker on another host may still be going, and keeps its trial in flight.
+        if w.status == "running" and w.host == host and not _alive(w.pid) and \
+                ledger.claim(Worker, w.id, {"status": "running"}, status="lost", stopped_at=utcnow(),
+                             note="gone at the resume"):
+            done.append(f"worker {w.name}: gone, recorded as lost")
+    going = {w.id for w in ledger.workers(run.id) if w.status == "running"}
     for progress in sorted((Path(home) / run.id).glob("trial-*/progress.json")) if home else []:
         # The worker runs in its own session, so it and its server outlive a SIGKILLed agent.
         if killed := reap(progress):
             done.append(f"{progress.parent.name}: ended processes {killed} left running by the crash")
     for t in ledger.trials(run.id):
+        if t.status == "running" and t.worker_id in going:
+            continue   # a worker on another host measures it now
         if t.status == "running":
             ledger.update(t, status="interrupted", failure_class="interrupted", finished_at=utcnow(),
                           failure_message="the agent stopped while this trial was in flight")
@@ -174,6 +194,24 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
     rows = {t.number: t for t in trials}
     out += [f"branch {gitops.PREFIX}{run.id}/{n}: no ledger row names it" for n in branches
             if n not in rows or rows[n].branch is None]
+    return out + worker_problems(ledger, run, trials)
+
+
+def worker_problems(ledger: Ledger, run: Run, trials: list) -> list[str]:
+    """A distributed run's own disagreements: workers and the trials they hold."""
+    out = []
+    workers = {w.id: w for w in ledger.workers(run.id)}
+    for w in workers.values():
+        if w.status == "running" and crew.age_s(w.heartbeat_at) > crew.grace_s():
+            out.append(f"worker {w.name} ({w.device}): silent since {w.heartbeat_at} but not declared lost")
+        elif w.status == "running" and run.status != "running":
+            out.append(f"worker {w.name} ({w.device}): still going in a run that is {run.status}")
+    for t in trials:
+        holder = workers.get(t.worker_id)
+        if t.status == "running" and holder is not None and holder.status != "running":
+            out.append(f"trial {t.number}: still 'running' but its worker {holder.name} is {holder.status}")
+        if t.decision == "put_forward" and run.status != "running":
+            out.append(f"trial {t.number}: put forward by a worker but never decided")
     return out
 
 

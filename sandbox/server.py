@@ -25,7 +25,7 @@ from sandbox.failures import TrialFailure, classify_log, log_tail, root_cause
 # Variables passed through from the worker's environment when present; nothing else leaks in
 # (API keys in the agent's environment never reach the server).
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "VIRTUAL_ENV",
-                   "VLLM_CACHE_ROOT", "HF_HOME", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES",
+                   "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "HF_HOME", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES",
                    "LD_LIBRARY_PATH")
 FIXED_ENV = {
     "HF_HUB_OFFLINE": "1",          # a trial never downloads: the model is prepared beforehand
@@ -39,6 +39,14 @@ VLLM_LAUNCHER = ("-m", "vllm.entrypoints.openai.api_server")
 
 
 def free_port() -> int:
+    """A free port: the first free one of AGENT_PORTS (low-high: a range of this worker's own, so two
+    workers of one host never race for a port), else one the kernel picks."""
+    low, _, high = os.environ.get("AGENT_PORTS", "").partition("-")
+    if low.isdigit() and high.isdigit():
+        for port in range(int(low), int(high) + 1):
+            if port_is_free(port):
+                return port
+        raise TrialFailure("port_in_use", f"no free port in AGENT_PORTS={low}-{high}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

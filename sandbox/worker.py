@@ -270,6 +270,15 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)  # a reader never sees half a result
 
 
+def cpu_list(text: str) -> set[int]:
+    """2-3 or 0,2,5 (how vLLM and taskset write core lists)."""
+    out: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out.update(range(int(low), int(high or low) + 1))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sandbox.worker", description=__doc__.splitlines()[0])
     parser.add_argument("spec", type=Path, help="trial spec (YAML)")
@@ -278,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", type=Path, help="file rewritten with the phase in flight")
     args = parser.parse_args(argv)
     log_path = args.log or args.out.with_suffix(".server.log")
+    if cores := os.environ.get("AGENT_CPUS"):
+        # One worker of several on this host: the server and its threads stay on this worker's cores.
+        os.sched_setaffinity(0, cpu_list(cores))
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:

@@ -69,8 +69,7 @@ def test_ids_and_not_ids():
 def test_the_branch_serves_the_commit_that_was_measured():
     run = Run(id="r", model="org/tiny", model_revision=SHA)
     trial = Trial(number=3, source="sampler", flags={"max-num-seqs": 8}, env={}, meter={})
-    result = {"bench": {"ttft_ms": {}, "itl_ms": {}}}
-    files = proposal.files(run, trial, result)
+    files = proposal.files(run, trial)
     assert f'--model "${{MODEL:-org/tiny}}" --revision {SHA} ' in files["serving/launch.sh"][0]
     assert f'"model_revision": "{SHA}"' in files["serving/results.json"][0]
 

@@ -1,0 +1,159 @@
+"""The processes that run one run's trials: the coordinator (`agent run`) and its workers, on this
+host (`--workers N`) or on others (`agent worker --run ID`).
+
+Every one of them is a row of the ledger's `workers` table and writes its heartbeat there. One that
+falls silent for longer than the grace (killed, its host gone) is declared lost by whichever
+process notices first; its trial in flight is recorded as interrupted and its Optuna trial told
+FAIL, once: the update only succeeds for the process that still finds the row running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import optuna
+import psutil
+
+from agent.devices import Slot
+from agent.engine import reap, worker_env
+from agent.ledger import Ledger, Run, Trial, Worker, utcnow
+
+STOP_GRACE_S = 120.0   # a local worker's trial in flight gets this long to end and be recorded
+
+
+def heartbeat_s() -> float:
+    return float(os.environ.get("AGENT_HEARTBEAT_S") or 5.0)
+
+
+def grace_s() -> float:
+    """Silence longer than this is a lost worker: several missed heartbeats, not one slow write."""
+    return 12 * heartbeat_s()
+
+
+def join(ledger: Ledger, run: Run, slot: Slot, role: str) -> Worker:
+    host = socket.gethostname()
+    return ledger.add(Worker(run_id=run.id, name=f"{host}/{slot.index}", host=host, pid=os.getpid(),
+                             slot=slot.index, device=slot.device, role=role))
+
+
+class Heartbeat:
+    """Writes the worker's heartbeat from a thread while the process works. `lost` is set when the
+    row was declared lost meanwhile (the process was silent too long): it must stop, its trial was
+    recorded as interrupted. With `parent`, the process ends itself when that process is gone (a
+    local worker outlives neither its coordinator nor a SIGKILL of it)."""
+
+    def __init__(self, ledger: Ledger, me: Worker, parent: int | None = None):
+        self.ledger, self.me, self.parent = ledger, me, parent
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        try:
+            self.ledger.claim(Worker, self.me.id, {"status": "running"}, status="stopped", stopped_at=utcnow(),
+                              heartbeat_at=utcnow())
+        except Exception:  # noqa: BLE001 - the database may be the reason we stop; the others will notice
+            pass
+
+    def _beat(self) -> None:
+        while not self._stop.wait(heartbeat_s()):
+            if self.parent and not psutil.pid_exists(self.parent):
+                os.kill(os.getpid(), signal.SIGTERM)   # ends the trial in flight cleanly, as Ctrl-C does
+                return
+            try:
+                if not self.ledger.claim(Worker, self.me.id, {"status": "running"}, heartbeat_at=utcnow()):
+                    self.lost.set()
+            except Exception:  # noqa: BLE001 - a database away for a while: the main loop stops on its next write
+                continue
+
+
+def age_s(stamp: str) -> float:
+    return (datetime.now(timezone.utc) - datetime.fromisoformat(stamp)).total_seconds()
+
+
+def bury(ledger: Ledger, run: Run, study: optuna.Study | None, home: Path, say) -> list[str]:
+    """Declare silent workers lost; their trials in flight become interrupted and their Optuna trials
+    FAIL. Returns one line per thing done (nothing when another process did it first)."""
+    done = []
+    for w in ledger.workers(run.id):
+        if w.status != "running" or age_s(w.heartbeat_at) < grace_s():
+            continue
+        if not ledger.claim(Worker, w.id, {"status": "running", "heartbeat_at": w.heartbeat_at}, status="lost",
+                            stopped_at=utcnow(), note=f"no heartbeat since {w.heartbeat_at}"):
+            continue
+        done.append(f"worker {w.name} ({w.device}) lost: no heartbeat since {w.heartbeat_at}")
+        for t in ledger.trials(run.id, status="running"):
+            if t.worker_id == w.id:
+                done += interrupt(ledger, t, study, home if w.host == socket.gethostname() else None,
+                                  f"its worker {w.name} fell silent (no heartbeat since {w.heartbeat_at})")
+    for line in done:
+        say("lost", line=line)
+    return done
+
+
+def interrupt(ledger: Ledger, t: Trial, study: optuna.Study | None, home: Path | None, why: str) -> list[str]:
+    """Record a trial in flight whose worker is gone as interrupted (once), tell its Optuna trial FAIL
+    and, on this host, end whatever processes the trial left."""
+    if not ledger.claim(Trial, t.id, {"status": "running"}, status="interrupted", failure_class="interrupted",
+                        failure_message=why, finished_at=utcnow()):
+        return []
+    done = [f"trial {t.number}: interrupted ({why})"]
+    if study is not None and t.optuna_number is not None:
+        try:
+            study.tell(t.optuna_number, state=optuna.trial.TrialState.FAIL)
+        except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            pass   # already finished: told by its worker just before it fell silent
+    if home is not None:
+        for progress in sorted((home / t.run_id).glob(f"trial-{t.number:03d}*/progress.json")):
+            if killed := reap(progress):
+                done.append(f"trial {t.number}: ended processes {killed} it left")
+    return done
+
+
+def spawn(run_id: str, slots: list[Slot], storage: str | None, log_dir: Path) -> list[subprocess.Popen]:
+    """Start one local `agent worker` per slot, each in its own process group, logging to log_dir."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for slot in slots:
+        argv = [sys.executable, "-m", "agent.cli", "worker", "--run", run_id, "--slot", str(slot.index),
+                "--of", str(max(s.index for s in slots) + 1), "--parent", str(os.getpid())]
+        env = {**worker_env(), **({"AGENT_STORAGE": storage} if storage else {})}
+        with open(log_dir / f"worker-{slot.index}.log", "ab") as log:
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=env, start_new_session=True,
+                                          cwd=Path(__file__).resolve().parents[1]))
+    return procs
+
+
+def stop(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM each worker's group (it ends its trial and records it), then SIGKILL what is left."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
