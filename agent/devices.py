@@ -65,8 +65,3 @@ def _private(home: Path, i: int) -> dict[str, str]:
     return {"VLLM_CACHE_ROOT": str(cache / "vllm"), "TRITON_CACHE_DIR": str(cache / "triton"),
             "AGENT_PORTS": f"{low}-{low + PORTS_PER_SLOT - 1}"}
 
-
-def bind(slot: Slot) -> None:
-    """Bind this process (and so every process it starts: the trial's worker and server) to the slot's cores."""
-    if slot.cores:
-        os.sched_setaffinity(0, slot.cores)

@@ -86,6 +86,25 @@ def say_nothing(event: str, **info) -> None:
     pass
 
 
+@dataclass
+class Step:
+    """The run's state, read once per step: everything a step of either loop decides on."""
+    history: list[Trial]
+    rules: list[LearnedRule]
+    base: Baseline
+    left: float    # seconds to the deadline
+
+    @classmethod
+    def read(cls, run: Run, settings: Settings, ledger: Ledger) -> "Step":
+        history = ledger.trials(run.id)
+        return cls(history, ledger.learned_rules(run.id) if settings.preflight else [],
+                   baseline_from(history, settings.gate), seconds_left(run.deadline_at))
+
+    def over(self, settings: Settings) -> bool:
+        """No time for one more trial, or the trial cap reached."""
+        return self.left <= expected_trial_s(self.history) or spent(self.history, settings)
+
+
 def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine,
                repo, storage, say: Callable = say_nothing, planner: Planner | None = None,
                me: Worker | None = None) -> Run:
@@ -103,28 +122,26 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
     near = space.near_defaults(defaults, settings.seed)[:STARTUP_TRIALS] if settings.near_start else []
     repeats_in_a_row = 0
     while True:
-        history = ledger.trials(run.id)   # the run's state, read once per step
-        rules = ledger.learned_rules(run.id) if settings.preflight else []
-        base = baseline_from(history, settings.gate)
+        step = Step.read(run, settings, ledger)
         seen, since_planner = told_so_far(study, settings)
-        if (left := seconds_left(run.deadline_at)) <= expected_trial_s(history) or spent(history, settings):
+        if step.over(settings):
             break
         if crew.bury(ledger, run, study, home_of(run, settings), say):
             continue
-        if drift_due(history, settings):
-            check_drift(run, settings, space, ledger, engine, base, defaults, say)
+        if drift_due(step.history, settings):
+            check_drift(run, settings, space, ledger, engine, step.base, defaults, say)
             continue
-        if forward := put_forward(history, me):
-            decide(run, forward, settings, ledger, engine, base, history, repo, say)
+        if forward := put_forward(step.history):
+            decide(run, forward, settings, ledger, engine, step.base, step.history, repo, say)
             continue
         if since_planner >= settings.sampler_per_planner and not waiting(study):
-            enqueue(study, planner.propose(space, run, history, facts_for(settings, rules), k=1))
-            sampler_space = narrow(sampler_space, planner, history, ledger, run, say)
+            enqueue(study, planner.propose(space, run, step.history, facts_for(settings, step.rules), k=1))
+            sampler_space = narrow(sampler_space, planner, step.history, ledger, run, say)
         if not waiting(study) and (first := next_near(near, seen, sampler_space)):
             study.enqueue_trial(first, user_attrs={"source": "sampler", "knobs": list(first), "rationale":
                                                    "one knob changed from the engine's defaults"})
-        ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, base, history, rules,
-                        preflight, defaults, repo, left, say, me, coordinator=True)
+        ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, step,
+                        preflight, defaults, repo, say, me, coordinator=True)
         repeats_in_a_row = 0 if ran else repeats_in_a_row + 1
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             say("exhausted", asks=repeats_in_a_row)
@@ -154,16 +171,14 @@ def work(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Eng
     while not lost():
         if ledger.run(run.id).status != "running":
             break
-        history = ledger.trials(run.id)   # the run's state, read once per step
-        rules = ledger.learned_rules(run.id) if settings.preflight else []
-        base = baseline_from(history, settings.gate)
-        if (left := seconds_left(run.deadline_at)) <= expected_trial_s(history) or spent(history, settings):
+        step = Step.read(run, settings, ledger)
+        if step.over(settings):
             break
         crew.bury(ledger, run, study, home_of(run, settings), say)
         seen, _ = told_so_far(study, settings)
-        sampler_space = narrowed(space, ledger.narrowings(run.id))
-        ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, base, history, rules,
-                        preflight, defaults, None, left, say, me, coordinator=False)
+        sampler_space = narrowed(space, ledger.narrowings(run.id))   # the coordinator's planner narrows it
+        ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, step,
+                        preflight, defaults, None, say, me, coordinator=False)
         repeats_in_a_row = 0 if ran else repeats_in_a_row + 1
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             say("exhausted", asks=repeats_in_a_row)
@@ -171,9 +186,8 @@ def work(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Eng
 
 
 def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, study: optuna.Study,
-              sampler_space: Space, seen: dict, base: Baseline, history: list[Trial], rules: list[LearnedRule],
-              preflight, defaults: dict, repo, left: float, say: Callable, me: Worker | None,
-              coordinator: bool) -> bool:
+              sampler_space: Space, seen: dict, step: Step, preflight, defaults: dict, repo, say: Callable,
+              me: Worker | None, coordinator: bool) -> bool:
     """Ask the study for one point and try it; False when the point was answered already (no server)."""
     trial = study.ask()
     source = trial.user_attrs.get("source", "sampler")
@@ -185,19 +199,20 @@ def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine
     if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
         tell(study, trial, *seen[key])
         return False
-    if other := next((t for t in history if t.status == "running" and repr(sorted(t.params.items())) == key), None):
+    if other := next((t for t in step.history if t.status == "running" and repr(sorted(t.params.items())) == key), None):
         # Another worker measures this very point now: no second server for it, and nothing to learn.
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         say("duplicate", number=other.number)
         return False
     row = start_trial(run, ledger, space, defaults, point, source, trial.number, trial.user_attrs.get("rationale"), me)
-    say("trial", number=row.number, source=row.source, params=point, left_s=left,
-        best=best_ratio(history), rationale=row.rationale)
-    if why := excluded(point, space, rules, preflight, row):
+    say("trial", number=row.number, source=row.source, params=point, left_s=step.left,
+        best=best_ratio(step.history), rationale=row.rationale)
+    if why := excluded(point, space, step.rules, preflight, row):
         finish(ledger, row, constraint=1.0, failure_class="invalid_config", **why)
         say("result", number=row.number, row=ledger.trial(run.id, row.number))
     else:
-        evaluate(run, row, settings, ledger, engine, base, history, repo, left, say, coordinator=coordinator)
+        evaluate(run, row, settings, ledger, engine, step.base, step.history, repo, step.left, say,
+                 coordinator=coordinator)
     row = ledger.trial(run.id, row.number)
     if settings.preflight:
         learn(run, row, point, space, defaults, preflight, ledger, say)
@@ -235,7 +250,7 @@ def home_of(run: Run, settings: Settings) -> Path:
     return Path(settings.home or run.settings["home"])
 
 
-def put_forward(history: list[Trial], me: Worker | None) -> Trial | None:
+def put_forward(history: list[Trial]) -> Trial | None:
     """The oldest candidate a worker put forward that no one has decided yet."""
     return next((t for t in history if t.decision == "put_forward" and t.status == "ok"), None)
 
@@ -267,7 +282,7 @@ def wind_down(run: Run, settings: Settings, ledger: Ledger, engine: Engine, stud
         if not running or seconds_left(run.deadline_at) < -crew.STOP_GRACE_S:
             break
         time.sleep(min(crew.heartbeat_s(), 5.0))
-    while forward := put_forward(ledger.trials(run.id), me):
+    while forward := put_forward(ledger.trials(run.id)):
         history = ledger.trials(run.id)
         decide(run, forward, settings, ledger, engine, baseline_from(history, settings.gate), history, repo, say)
 
