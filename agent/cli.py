@@ -270,7 +270,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         space_path=space.path, space_hash=space.hash, workload=workload, workload_hash=meter.hash,
         repo=str(proposals.working_dir),
         settings={"home": str(home), "budget_s": budget_s, "budget": budget_text, "quality": quality,
-                  "model_given": model_given, "storage": where().kind,
+                  "model_given": model_given, "storage": where().kind, "choices": _choices(space),
                   "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
 
 
@@ -293,6 +293,12 @@ def _space(name: str, draft_models: list[str], exact: bool = False) -> spaces.Sp
 
         space = drafts.add_drafts(space, draft_models)
     return space
+
+
+def _choices(space: spaces.Space) -> dict[str, list]:
+    """The categorical choices as this host expands them ({last_cpu} is its own last core): a joining
+    host must draw from the same ones, or the shared study's distributions would not match."""
+    return {n: [str(c) for c in k.choices] for n, k in space.knobs.items() if k.choices}
 
 
 def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
@@ -348,6 +354,10 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
     if space.hash != row.space_hash:
         raise fail(f"{row.space_path} on this host is not the space run {row.id} searches (hash {space.hash}, "
                    f"the run's {row.space_hash})")
+    for name, choices in _choices(space).items():
+        if name in o.get("choices", {}) and o["choices"][name] != choices:
+            raise fail(f"{name}: this host's choices {choices} are not run {row.id}'s {o['choices'][name]} "
+                       f"(a CPU host joins a run with the coordinator's number of cores)")
     return settings, space, o
 
 
@@ -502,8 +512,9 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
         say.close()
         engine.close()
     mine = [t for t in ledger.trials(row.id) if t.worker_id == me.id]
-    console.print(f"worker {me.name} ({slot.device}) done: {len(mine)} trials, "
-                  f"{sum(1 for t in mine if t.decision == 'put_forward' or t.branch)} put forward", highlight=False)
+    console.print(f"worker {me.name} ({slot.device}) done: {len(mine)} trials, {sum(1 for t in mine if t.branch)} "
+                  f"accepted so far, {sum(1 for t in mine if t.decision == 'put_forward')} put forward for the "
+                  f"coordinator to decide", highlight=False)
 
 
 def _interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why: str) -> None:

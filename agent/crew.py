@@ -40,8 +40,10 @@ def grace_s() -> float:
 
 def join(ledger: Ledger, run: Run, slot: Slot, role: str) -> Worker:
     host = socket.gethostname()
-    return ledger.add(Worker(run_id=run.id, name=f"{host}/{slot.index}", host=host, pid=os.getpid(),
-                             slot=slot.index, device=slot.device, role=role))
+    me = ledger.add(Worker(run_id=run.id, name=f"{host}/{slot.index}", host=host, pid=os.getpid(),
+                           slot=slot.index, device=slot.device, role=role))
+    ledger.worker_id = me.id   # every trial row this process starts from now on is its
+    return me
 
 
 class Heartbeat:

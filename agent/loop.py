@@ -141,7 +141,7 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
             study.enqueue_trial(first, user_attrs={"source": "sampler", "knobs": list(first), "rationale":
                                                    "one knob changed from the engine's defaults"})
         ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, step,
-                        preflight, defaults, repo, say, me, coordinator=True)
+                        preflight, defaults, repo, say, coordinator=True)
         repeats_in_a_row = 0 if ran else repeats_in_a_row + 1
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             say("exhausted", asks=repeats_in_a_row)
@@ -161,7 +161,7 @@ def work(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Eng
     if not any(t.source in ("baseline", "device") and t.worker_id == me.id and t.status == "ok"
                for t in ledger.trials(run.id)):
         run_defaults(run, settings, space, ledger, engine, defaults, say, "device",
-                     f"the defaults on {me.device} of {me.host}: this device's instance of the baseline", me)
+                     f"the defaults on {me.device} of {me.host}: this device's instance of the baseline")
     if wait_for(ledger, run, lambda r: r.baseline_tps, say, "the baseline and the A/A check") is None:
         return
     preflight = preflight_for(run, settings, space, engine, say)
@@ -178,7 +178,7 @@ def work(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Eng
         seen, _ = told_so_far(study, settings)
         sampler_space = narrowed(space, ledger.narrowings(run.id))   # the coordinator's planner narrows it
         ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, step,
-                        preflight, defaults, None, say, me, coordinator=False)
+                        preflight, defaults, None, say, coordinator=False)
         repeats_in_a_row = 0 if ran else repeats_in_a_row + 1
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             say("exhausted", asks=repeats_in_a_row)
@@ -187,7 +187,7 @@ def work(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Eng
 
 def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, study: optuna.Study,
               sampler_space: Space, seen: dict, step: Step, preflight, defaults: dict, repo, say: Callable,
-              me: Worker | None, coordinator: bool) -> bool:
+              coordinator: bool) -> bool:
     """Ask the study for one point and try it; False when the point was answered already (no server)."""
     trial = study.ask()
     source = trial.user_attrs.get("source", "sampler")
@@ -204,7 +204,7 @@ def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         say("duplicate", number=other.number)
         return False
-    row = start_trial(run, ledger, space, defaults, point, source, trial.number, trial.user_attrs.get("rationale"), me)
+    row = start_trial(run, ledger, space, defaults, point, source, trial.number, trial.user_attrs.get("rationale"))
     say("trial", number=row.number, source=row.source, params=point, left_s=step.left,
         best=best_ratio(step.history), rationale=row.rationale)
     if why := excluded(point, space, step.rules, preflight, row):
@@ -477,11 +477,10 @@ def engine_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, 
 
 
 def start_trial(run: Run, ledger: Ledger, space: Space, defaults: dict, point: dict, source: str,
-                optuna_number: int | None = None, rationale: str | None = None, me: Worker | None = None) -> Trial:
+                optuna_number: int | None = None, rationale: str | None = None) -> Trial:
     flags, env = space.to_flags_env(point)
     return ledger.add_trial(Trial(run_id=run.id, source=source, optuna_number=optuna_number, params=point, flags=flags,
-                                  env=env, lossless=space.lossless(point, defaults), rationale=rationale,
-                                  worker_id=me.id if me else None))
+                                  env=env, lossless=space.lossless(point, defaults), rationale=rationale))
 
 
 def best_ratio(history: list[Trial]) -> float | None:
@@ -605,9 +604,9 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
 
 
 def run_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, defaults: dict,
-                 say: Callable, source: str, rationale: str, me: Worker | None = None) -> Trial:
+                 say: Callable, source: str, rationale: str) -> Trial:
     """One fresh server with the engine defaults, measured on the search and the held-out prompts."""
-    row = start_trial(run, ledger, space, defaults, {}, source, rationale=rationale, me=me)
+    row = start_trial(run, ledger, space, defaults, {}, source, rationale=rationale)
     say("trial", number=row.number, source=source, params={}, left_s=seconds_left(run.deadline_at), best=None)
     result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say, heldout_bench=True)
     record(ledger, row, result)

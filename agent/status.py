@@ -12,8 +12,8 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-from agent import refusals
-from agent.ledger import Ledger, Run, Trial
+from agent import crew, refusals
+from agent.ledger import Ledger, Run, Trial, Worker
 from agent.recovery import lock_holder
 
 
@@ -51,12 +51,38 @@ def describe_params(t: Trial) -> str:
     return refusals.describe(t.params) or "engine defaults"
 
 
-def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = None) -> list[str]:
+def coordinator_elsewhere(workers: list[Worker]) -> Worker | None:
+    """The coordinator, alive by its heartbeat: how a host that does not hold the run's lock (a
+    worker's host, reading the shared database) knows the run is going."""
+    return next((w for w in workers if w.role == "coordinator" and w.status == "running"
+                 and crew.age_s(w.heartbeat_at) < crew.grace_s()), None)
+
+
+def crew_lines(workers: list[Worker], trials: list[Trial]) -> list[str]:
+    """A line per worker of a run on several devices; nothing for a run on one."""
+    if len(workers) < 2:
+        return []
+    ran = Counter(t.worker_id for t in trials)
+    waiting = Counter(t.worker_id for t in trials if t.decision == "put_forward")
+    accepted = Counter(t.worker_id for t in trials if t.branch)
+    lines = []
+    for w in workers:
+        alive = f", heartbeat {minutes(crew.age_s(w.heartbeat_at))} ago" if w.status == "running" else ""
+        lines.append(f"  {w.role} {w.name} ({w.device}): {w.status}{alive}; {ran[w.id]} trial(s), "
+                     f"{accepted[w.id]} accepted" + (f", {waiting[w.id]} put forward, not decided yet"
+                                                     if waiting[w.id] else ""))
+    return lines
+
+
+def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = None,
+             workers: list[Worker] = ()) -> list[str]:
     now = now or datetime.now(timezone.utc)
     started, deadline = datetime.fromisoformat(run.started_at), datetime.fromisoformat(run.deadline_at)
     pid = lock_holder(home) if run.status == "running" else None
+    remote = coordinator_elsewhere(workers) if run.status == "running" and not pid else None
     if run.status == "running":
         state = (f"running, agent run pid {pid}" if pid else
+                 f"running, agent run pid {remote.pid} on {remote.host}" if remote else
                  f"stopped without finishing (no process holds it): agent run --resume {run.id}")
     else:
         state = run.status
@@ -71,15 +97,16 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
     if run.baseline_tps:
         aa = (run.calibration or {}).get("aa") or "A/A check not judged yet"
         lines.append(f"  baseline {run.baseline_tps:.2f} tok/s (noise ±{(run.noise or 0):.1%} log-sd); {aa}")
+    lines += crew_lines(list(workers), trials)
     flight = in_flight(home / run.id / "events.jsonl") if pid else None
     by_number = {t.number: t for t in trials}
     if flight and flight[0] in by_number:
         t, (_, phase, since) = by_number[flight[0]], flight
         lines.append(f"  trial {t.number} [{t.source}] {phase} for {minutes((now - since).total_seconds())}: "
                      f"{describe_params(t)}")
-    elif pid:
+    if pid or remote:   # the workers' trials in flight too (their phases are in their own hosts' events)
         lines += [f"  trial {t.number} [{t.source}] in flight: {describe_params(t)}" for t in trials
-                  if t.status == "running"]
+                  if t.status == "running" and not (flight and t.number == flight[0])]
     else:
         lines += [f"  trial {t.number} [{t.source}] interrupted (the resume records it): {describe_params(t)}"
                   for t in trials if t.status == "running"]
@@ -102,4 +129,4 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
 
 
 def status(ledger: Ledger, run: Run, home: Path) -> list[str]:
-    return describe(run, ledger.trials(run.id), home)
+    return describe(run, ledger.trials(run.id), home, workers=ledger.workers(run.id))

@@ -52,3 +52,35 @@ def test_status_without_a_run_says_so(tmp_path):
 
     result = CliRunner().invoke(app, ["status"], env={"AGENT_HOME": str(tmp_path)})
     assert result.exit_code == 2 and "no runs yet" in result.stderr
+
+
+def test_status_on_a_workers_host_reads_the_coordinators_heartbeat(tmp_path):
+    """A host that joined a run holds no run lock: the run is going while its coordinator's heartbeat
+    is fresh, and each worker's device, state and trials are listed."""
+    from datetime import datetime, timedelta, timezone
+
+    from agent import crew
+    from agent.ledger import Run, Trial, Worker
+    from agent.status import describe
+
+    now = datetime.now(timezone.utc)
+    iso = lambda t: t.isoformat(timespec="seconds")  # noqa: E731
+    run = Run(id="r1", started_at=iso(now - timedelta(minutes=30)), deadline_at=iso(now + timedelta(hours=2)),
+              status="running", model="/models/m", baseline_tps=100.0, noise=0.04, calibration={})
+    coordinator = Worker(id=1, role="coordinator", status="running", heartbeat_at=iso(now), name="gpu-a/0",
+                         host="gpu-a", pid=4242, device="GPU 0")
+    joined = Worker(id=2, role="worker", status="lost", heartbeat_at=iso(now - timedelta(minutes=9)),
+                    name="gpu-b/1", host="gpu-b", pid=77, device="GPU 1")
+    trials = [Trial(number=3, source="sampler", status="ok", params={"max-num-seqs": 8}, worker_id=2,
+                    decision="put_forward"),
+              Trial(number=4, source="sampler", status="running", params={"max-num-seqs": 64}, worker_id=1)]
+    lines = describe(run, trials, tmp_path, workers=[coordinator, joined])
+    assert lines[0].startswith("run r1 (running, agent run pid 4242 on gpu-a)"), lines
+    assert any(line.startswith("  coordinator gpu-a/0 (GPU 0): running, heartbeat ") and
+               line.endswith(" s ago; 1 trial(s), 0 accepted") for line in lines), lines
+    assert "  worker gpu-b/1 (GPU 1): lost; 1 trial(s), 0 accepted, 1 put forward, not decided yet" in lines
+    assert "  trial 4 [sampler] in flight: max-num-seqs=64" in lines
+    # A coordinator silent past the grace is no evidence the run goes on.
+    coordinator.heartbeat_at = iso(now - timedelta(seconds=crew.grace_s() + 5))
+    lines = describe(run, trials, tmp_path, workers=[coordinator, joined])
+    assert "stopped without finishing (no process holds it): agent run --resume r1" in lines[0], lines
