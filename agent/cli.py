@@ -481,7 +481,7 @@ def worker(
 
 
 def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: int | None) -> None:
-    from agent.loop import DirtyMachine, work
+    from agent.loop import BaselineFailed, DirtyMachine, work
 
     home = paths.home()
     settings, space, o = _settings(row, home=home)
@@ -500,6 +500,8 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
         _interrupt_mine(ledger, row, me, home, "its worker was stopped")
         console.print(f"stopped: worker {me.name} of run {row.id}; its trial in flight was ended and recorded")
         raise typer.Exit(130) from None
+    except BaselineFailed as e:   # this device cannot serve the defaults: it takes no candidate either
+        raise fail(f"worker {me.name} ({slot.device}): {e}; this device stays out of run {row.id}", 1) from None
     except DirtyMachine as e:
         _interrupt_mine(ledger, row, me, home, "its worker stopped on a dirty machine")
         raise fail(f"{e}. This worker stopped rather than blame the next config; check with agent doctor, then: "

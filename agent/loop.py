@@ -612,6 +612,13 @@ def run_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, eng
     record(ledger, row, result)
     if result.get("status") != "ok":
         failure = result.get("failure") or {}
+        if seconds_left(run.deadline_at) <= 1:   # cut by the deadline: the budget, not the defaults, fell short
+            took = [t.timings.get("total_s", 0) for t in ledger.trials(run.id)
+                    if t.source in DEFAULTS_SOURCES and t.status == "ok"]
+            per = f"; an instance took {max(took) / 60:.1f} min here" if took else ""
+            raise BaselineFailed(f"the budget ended while the defaults were measured ({len(took)} instance(s) done{per}): "
+                                 f"the baseline and the A/A check need {settings.baseline_instances + 1} before any "
+                                 f"candidate; give a longer --budget")
         raise BaselineFailed(f"the defaults failed ({failure.get('class')}): {failure.get('message')}")
     return ledger.trial(run.id, row.number)
 

@@ -1,5 +1,6 @@
 """The loop end to end with a deterministic engine at the worker seam: real Optuna, SQLite, git."""
 
+import time
 from datetime import datetime, timedelta, timezone
 
 import optuna
@@ -9,7 +10,7 @@ import yaml
 from agent import budget, gitops, space as spaces
 from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
-from agent.loop import Settings, run_search
+from agent.loop import BaselineFailed, Settings, run_search
 from fake_engine import FakeEngine
 
 
@@ -280,3 +281,26 @@ def test_the_planner_narrows_a_range_after_capacity_failures_and_the_sampler_kee
     assert later and all(t.params["max-num-seqs"] <= last.high for t in later)
     # Only knobs that size memory are narrowed: the failure says nothing about the others.
     assert {c.knob for c in ledger.narrowings("r5")} <= {"max-num-seqs", "max-num-batched-tokens"}
+
+
+class CutAtTheDeadline(FakeEngine):
+    """Instances of the defaults take 0.5 s until the third, which runs into the deadline and is ended
+    there, as the real worker ends a server past its timeout."""
+
+    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        if self.calls < 2:
+            time.sleep(0.5)
+            return super().evaluate(spec, trial_dir, timeout_s, on_phase)
+        self.calls += 1
+        time.sleep(timeout_s)
+        return {"status": "failed", "failure": {"class": "interrupted", "message": "worker received SIGTERM during start"},
+                "timings": {"start_s": timeout_s}}
+
+
+def test_a_budget_that_ends_before_the_baseline_says_so_rather_than_blame_the_defaults(tmp_path):
+    settings = Settings(model="m", workload="smoke", facts={"cpus": 2, "concurrency": 1})
+    with pytest.raises(BaselineFailed) as e:
+        _run(tmp_path, "short", CutAtTheDeadline(), settings, hours=3 / 3600)
+    assert "the budget ended while the defaults were measured (2 instance(s) done" in str(e.value)
+    assert "need 3 before any candidate; give a longer --budget" in str(e.value)
+    assert "the defaults failed" not in str(e.value)
