@@ -788,7 +788,7 @@ def ledger_list(
         out.print_json(ledgers.to_json(rows))
         return
     columns = ["run_id", "number", "source", "status", "failure_class", "tps", "drift", "tps_ratio", "heldout_ratio",
-               "ppl", "ppl_change", "agreement", "decision", "branch"]
+               "ppl", "ppl_change", "agreement", "decision", "branch", "worker_id"]
     if as_csv:
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)

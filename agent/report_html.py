@@ -17,6 +17,8 @@ from collections.abc import Callable
 from agent.ledger import LearnedRule, Run, Trial
 from agent.refusals import describe
 
+CANDIDATES = ("planner", "sampler")   # every other source is an instance of the defaults (agent.loop)
+
 SECTIONS = ["summary", "branches", "speed-over-time", "speed-vs-quality", "speed-vs-latency", "failures",
             "importance", "speed-only", "trials"]
 
@@ -61,12 +63,13 @@ def speed_over_time(run: Run, trials: list[Trial]) -> str:
         fig.add_hrect(y0=low, y1=high, fillcolor="lightgray", opacity=0.4, line_width=0,
                       annotation_text="defaults ±2 noise", annotation_position="top left")
         fig.add_hline(y=run.baseline_tps, line_dash="dot", line_color="gray")
-    groups = [("defaults (baseline, A/A)", lambda t: t.source in ("baseline", "aa"), "gray", "circle"),
+    groups = [("defaults (baseline, A/A, other devices)", lambda t: t.source in ("baseline", "aa", "device"),
+               "gray", "circle"),
               ("drift checks", lambda t: t.source == "drift", "orange", "diamond"),
               ("accepted", lambda t: bool(t.branch), "green", "star"),
               ("pruned", lambda t: t.status == "pruned", "purple", "x"),
-              ("other candidates", lambda t: t.source not in ("baseline", "aa", "drift", "extra")
-               and not t.branch and t.status != "pruned", "steelblue", "circle")]
+              ("other candidates", lambda t: t.source in CANDIDATES and not t.branch and t.status != "pruned",
+               "steelblue", "circle")]
     for name, keep, color, symbol in groups:
         pts = [t for t in measured if keep(t)]
         if pts:
@@ -81,7 +84,7 @@ def speed_over_time(run: Run, trials: list[Trial]) -> str:
 def _versus(trials: list[Trial], x_of: Callable[[Trial], float | None], x_title: str, title: str) -> str:
     import plotly.graph_objects as go
 
-    pts = [t for t in trials if t.tps_ratio and x_of(t) is not None and t.source not in ("baseline", "aa", "extra")]
+    pts = [t for t in trials if t.tps_ratio and x_of(t) is not None and t.source in CANDIDATES]
     fig = go.Figure()
     if not pts:
         fig.add_annotation(text="no candidate has both figures yet", showarrow=False)
@@ -173,7 +176,7 @@ def render(run: Run, trials: list[Trial], rules: list[LearnedRule], study,
 
     cal = run.calibration or {}
     speed_only = [t for t in trials if t.decision == "speed-only"]
-    candidates = [t for t in trials if t.source not in ("baseline", "aa", "drift", "extra")]
+    candidates = [t for t in trials if t.source in CANDIDATES]
     summary = (f"<p>{html.escape(run.model)} on {html.escape(str((run.hardware or {}).get('gpus') or (run.hardware or {}).get('cpu')))}"
                f", {html.escape(run.engine or '')} {html.escape(run.engine_version or '')}; meter "
                f"{html.escape(run.workload)}; {run.status}, started {run.started_at}, deadline {run.deadline_at}.</p>"
