@@ -481,7 +481,7 @@ def worker(
 
 
 def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: int | None) -> None:
-    from agent.loop import BaselineFailed, DirtyMachine, work
+    from agent.loop import BaselineFailed, DirtyMachine, Superseded, work
 
     home = paths.home()
     settings, space, o = _settings(row, home=home)
@@ -490,12 +490,15 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
     say = event_logger(home / row.id / f"events-worker-{me.id}.jsonl", console)
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
     hint = (f"agent worker --run {row.id}" + (" --storage URL" if where().shared else ""))
+    lost = (f"worker {me.name} was silent too long and was declared lost (its trial was recorded as "
+            f"interrupted); start it again: {hint}")
     try:
         with crew.Heartbeat(ledger, me, parent) as beat:
             work(row, settings, space, ledger, engine, _storage(), me, say, lost=beat.lost.is_set)
         if beat.lost.is_set():
-            raise fail(f"worker {me.name} was silent too long and was declared lost (its trial was recorded as "
-                       f"interrupted); start it again: {hint}", 1)
+            raise fail(lost, 1)
+    except Superseded:
+        raise fail(lost, 1) from None
     except KeyboardInterrupt:
         _interrupt_mine(ledger, row, me, home, "its worker was stopped")
         console.print(f"stopped: worker {me.name} of run {row.id}; its trial in flight was ended and recorded")
@@ -513,6 +516,9 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
     finally:
         say.close()
         engine.close()
+    if ledger.run(row.id).status != "running":   # what it put forward at the very end, nobody decides
+        for line in crew.refuse_leftovers(ledger, row.id, me.id):
+            console.print(line, highlight=False)
     mine = [t for t in ledger.trials(row.id) if t.worker_id == me.id]
     console.print(f"worker {me.name} ({slot.device}) done: {len(mine)} trials, {sum(1 for t in mine if t.branch)} "
                   f"accepted so far, {sum(1 for t in mine if t.decision == 'put_forward')} put forward for the "
@@ -527,6 +533,9 @@ def _interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, wh
     for t in ledger.trials(row.id, status="running"):
         if t.worker_id == me.id:
             crew.interrupt(ledger, t, study, home, why)
+    crew.settle(ledger, row, study, me)   # stopped between a record and its tell
+    if ledger.run(row.id).status != "running":
+        crew.refuse_leftovers(ledger, row.id, me.id)
 
 
 def _planner(o: dict, ledger: ledgers.Ledger, run_id: str, say):
@@ -818,13 +827,16 @@ def ledger_show(number: int, run_id: str = typer.Option(None, "--run", help="Run
 
 @ledger_app.command("sql")
 def ledger_sql(query: str) -> None:
-    """Read-only SQL over the ledger (tables: runs, trials, repeats, planner_calls, narrowings, learned_rules)."""
+    """Read-only SQL over the ledger (tables: runs, trials, workers, repeats, planner_calls, narrowings,
+    learned_rules)."""
     import sqlite3
+
+    from sqlalchemy.exc import DBAPIError
 
     try:
         columns, rows = open_ledger().sql(query)
-    except sqlite3.Error as e:
-        raise fail(f"sql: {e}") from None
+    except (sqlite3.Error, DBAPIError, ValueError) as e:
+        raise fail(f"sql: {storages.first_line(e)}") from None
     table = Table(*columns)
     for r in rows:
         table.add_row(*("" if v is None else str(v) for v in r))

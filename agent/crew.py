@@ -92,7 +92,9 @@ def bury(ledger: Ledger, run: Run, study: optuna.Study | None, home: Path, say) 
     FAIL. Returns one line per thing done (nothing when another process did it first)."""
     done = []
     for w in ledger.workers(run.id):
-        if w.status != "running" or age_s(w.heartbeat_at) < grace_s():
+        # The coordinator is never buried by others: its own resume repairs what it leaves, and a
+        # coordinator that was only slow must not find its trial recorded for it.
+        if w.status != "running" or w.role == "coordinator" or age_s(w.heartbeat_at) < grace_s():
             continue
         if not ledger.claim(Worker, w.id, {"status": "running", "heartbeat_at": w.heartbeat_at}, status="lost",
                             stopped_at=utcnow(), note=f"no heartbeat since {w.heartbeat_at}"):
@@ -123,6 +125,43 @@ def interrupt(ledger: Ledger, t: Trial, study: optuna.Study | None, home: Path |
         for progress in sorted((home / t.run_id).glob(f"trial-{t.number:03d}*/progress.json")):
             if killed := reap(progress):
                 done.append(f"trial {t.number}: ended processes {killed} it left")
+    return done
+
+
+FINISHED = ("ok", "failed", "skipped", "pruned")
+
+
+def tell_as_recorded(study: optuna.Study, number: int, row: Trial) -> None:
+    """Tell Optuna what a finished ledger row says (a process stopped between its record and its tell)."""
+    if row.status == "pruned":
+        study.tell(number, state=optuna.trial.TrialState.PRUNED)
+    else:
+        study.tell(number, (row.heldout_ratio or row.tps_ratio or 0.0) if row.status == "ok" else 0.0)
+
+
+def settle(ledger: Ledger, run: Run, study: optuna.Study | None, me: Worker) -> list[str]:
+    """A stopping worker's finished rows whose Optuna trials are still RUNNING: told as recorded."""
+    if study is None:
+        return []
+    done = []
+    running = {ft.number for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    for t in ledger.trials(run.id):
+        if t.worker_id == me.id and t.optuna_number in running and t.status in FINISHED:
+            tell_as_recorded(study, t.optuna_number, t)
+            done.append(f"optuna trial {t.optuna_number}: told what trial {t.number} recorded")
+    return done
+
+
+def refuse_leftovers(ledger: Ledger, run_id: str, worker_id: int | None = None) -> list[str]:
+    """Candidates put forward that no coordinator will decide any more (the run ended first): refused,
+    once each, and said so in their rows."""
+    done = []
+    for t in ledger.trials(run_id):
+        if t.decision == "put_forward" and worker_id in (None, t.worker_id) and ledger.claim(
+                Trial, t.id, {"decision": "put_forward"}, decision="refused", gate_passed=False,
+                gate_reasons=[*(t.gate_reasons or []), "put forward after the coordinator's last decision "
+                              "(the run had ended): not re-checked, not committed"]):
+            done.append(f"trial {t.number}: put forward after the run ended, refused without a re-check")
     return done
 
 

@@ -25,8 +25,9 @@ SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
 
 def worker_env() -> dict[str, str]:
-    """The agent's environment without anything that looks like a credential."""
-    return {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in SECRET_WORDS)}
+    """The agent's environment without anything that looks like a credential (the database URL holds one)."""
+    return {k: v for k, v in os.environ.items()
+            if not any(w in k.upper() for w in SECRET_WORDS) and k != "AGENT_STORAGE"}
 
 
 def _failed(klass: str, message: str) -> dict:

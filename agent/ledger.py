@@ -208,6 +208,12 @@ class Worker(Base):
     note: Mapped[str | None] = mapped_column(Text)
 
 
+# A database host that drops packets silently must fail a write in seconds, not after TCP's
+# retransmissions (many minutes): connect and keepalive deadlines, and libpq's TCP_USER_TIMEOUT.
+PG_CONNECT = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+              "keepalives_count": 3, "tcp_user_timeout": 30_000}
+
+
 class Ledger:
     def __init__(self, where: Path | str):
         """where: a SQLite file's path, or a database URL (sqlite:///..., postgresql+psycopg://...)."""
@@ -224,7 +230,7 @@ class Ledger:
         # How messages name it: the file, or the URL without its password.
         self.where = str(self.path) if self.sqlite else make_url(url).render_as_string(hide_password=True)
         self.engine = (create_engine(url, connect_args={"timeout": 30}) if self.sqlite
-                       else create_engine(url, pool_pre_ping=True))
+                       else create_engine(url, pool_pre_ping=True, connect_args=PG_CONNECT))
 
         if self.sqlite:
             @event.listens_for(self.engine, "connect")
@@ -330,6 +336,8 @@ class Ledger:
         """Run a read-only query: SQLite opened read-only, PostgreSQL in a read-only transaction (rolled
         back after), so a write fails either way."""
         if not self.sqlite:
+            if ";" in query.strip().rstrip(";"):   # several statements could COMMIT out of the read-only one
+                raise ValueError("one statement at a time: the query holds a ';' before its end")
             with self.engine.connect() as conn:
                 conn.execute(text("SET TRANSACTION READ ONLY"))
                 try:

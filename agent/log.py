@@ -58,6 +58,12 @@ def _line(event: str, info: dict) -> str | None:
                       f"later points with these settings are skipped (rule {info['rule']})")
     if event == "preflight_off":
         return escape(f"pre-flight off for this run: it refused the defaults themselves ({info['reason'][:200]})")
+    if event in ("lost", "superseded"):   # another process's silence, or this one's
+        return escape(info["line"])
+    if event == "workers":
+        return escape(f"{info['count']} workers: {', '.join(info['devices'])}")
+    if event == "waiting":
+        return escape(f"waiting for {info['what']}")
     if event == "planner_fallback":
         until = "for the rest of the run" if info["permanent"] else "for this round"
         return escape(f"planner {info['planner']} unavailable ({info['reason'][:160]}); built-in planner {until}")

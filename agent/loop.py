@@ -77,6 +77,11 @@ class BaselineFailed(RuntimeError):
     pass
 
 
+class Superseded(RuntimeError):
+    """Another process recorded this trial as interrupted while it ran: this worker had been declared
+    lost (silent past the grace). Its result is dropped, so the trial stays recorded once."""
+
+
 class DirtyMachine(RuntimeError):
     """A trial left processes, its port or device memory behind: the next trial would measure (or
     run out of memory) because of it, and blame its own config. The run stops instead."""
@@ -211,8 +216,12 @@ def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine
         finish(ledger, row, constraint=1.0, failure_class="invalid_config", **why)
         say("result", number=row.number, row=ledger.trial(run.id, row.number))
     else:
-        evaluate(run, row, settings, ledger, engine, step.base, step.history, repo, step.left, say,
-                 coordinator=coordinator)
+        try:
+            evaluate(run, row, settings, ledger, engine, step.base, step.history, repo, step.left, say,
+                     coordinator=coordinator)
+        except Superseded as e:   # recorded and told FAIL by whoever declared us lost: nothing more to do
+            say("superseded", line=str(e))
+            return True
     row = ledger.trial(run.id, row.number)
     if settings.preflight:
         learn(run, row, point, space, defaults, preflight, ledger, say)
@@ -518,7 +527,12 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
     repeats = [x for x in bench.get("repeats_tps") or [] if x and x > 0]
     if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`
         values["tps_interval"] = [round(x, 3) for x in interval(repeats)]
-    ledger.update(row, **values)
+    # Only while the row is still running: a worker declared lost mid-trial finds it interrupted.
+    if not ledger.claim(Trial, row.id, {"status": "running"}, **values):
+        raise Superseded(f"trial {row.number}: recorded as interrupted by another process while it ran "
+                         f"(this worker was silent past the grace); its result is dropped")
+    for key, value in values.items():
+        setattr(row, key, value)
     with ledger.session.begin() as s:
         for tps in bench.get("repeats_tps") or []:
             s.add(Repeat(trial_id=row.id, instance=0, tps=tps))

@@ -121,24 +121,26 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
             ledger.update(t, gate_passed=False, decision="refused",
                           gate_reasons=["interrupted during the held-out re-check: not committed"])
             done.append(f"trial {t.number}: stopped before its held-out re-check, not committed")
-    finished = {t.optuna_number: t for t in ledger.trials(run.id)
-                if t.optuna_number is not None and t.status in ("ok", "failed", "skipped", "pruned")}
+    trials = ledger.trials(run.id)
+    finished = {t.optuna_number: t for t in trials
+                if t.optuna_number is not None and t.status in crew.FINISHED}
+    # A live worker on another host still measures these: their Optuna trials are its to tell.
+    theirs = {t.optuna_number for t in trials if t.status == "running" and t.worker_id in going}
     # The constraint Optuna records is the one the loop computed and stored in the ledger.
     constraints = lambda ft: [finished[ft.number].constraint if ft.number in finished  # noqa: E731
                               and finished[ft.number].constraint is not None else 1.0]
     study = _study(run, storage, optuna.samplers.TPESampler(constraints_func=constraints))
     if study is not None:
         for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if ft.number in theirs:
+                continue
             row = finished.get(ft.number)
             if row is None:
                 study.tell(ft.number, state=optuna.trial.TrialState.FAIL)
                 done.append(f"optuna trial {ft.number}: running at the crash, told FAIL")
                 continue
             # Killed after the ledger row was finished but before the tell: tell what the row says.
-            if row.status == "pruned":
-                study.tell(ft.number, state=optuna.trial.TrialState.PRUNED)
-            else:
-                study.tell(ft.number, (row.heldout_ratio or row.tps_ratio or 0.0) if row.status == "ok" else 0.0)
+            crew.tell_as_recorded(study, ft.number, row)
             done.append(f"optuna trial {ft.number}: finished in the ledger (trial {row.number}), told its result")
     if repo is not None:
         refs = Path(repo.git_dir) / "refs" / "heads" / "agent" / run.id

@@ -16,6 +16,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from agent.ledger import PG_CONNECT
+
 OPTUNA_SCHEMA = "optuna"
 SQLITE_TIMEOUT_S = 60   # several local writers wait for each other's (short) transactions
 
@@ -45,7 +47,7 @@ class Storage:
             return optuna.storages.RDBStorage(self.study_url, engine_kwargs={
                 "connect_args": {"timeout": SQLITE_TIMEOUT_S}})
         return optuna.storages.RDBStorage(self.study_url, engine_kwargs={
-            "pool_pre_ping": True, "connect_args": {"options": f"-c search_path={OPTUNA_SCHEMA}"}})
+            "pool_pre_ping": True, "connect_args": {"options": f"-c search_path={OPTUNA_SCHEMA}", **PG_CONNECT}})
 
 
 def resolve(url: str | None, home: Path) -> Storage:
@@ -71,7 +73,7 @@ def prepare(storage: Storage) -> None:
     """Make sure the database answers and Optuna's schema exists (PostgreSQL); one clear error if not."""
     if storage.kind != "postgresql":
         return
-    engine = create_engine(storage.ledger_url, pool_pre_ping=True)
+    engine = create_engine(storage.ledger_url, pool_pre_ping=True, connect_args=PG_CONNECT)
     try:
         with engine.begin() as conn:
             conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {OPTUNA_SCHEMA}"))

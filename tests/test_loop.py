@@ -304,3 +304,37 @@ def test_a_budget_that_ends_before_the_baseline_says_so_rather_than_blame_the_de
     assert "the budget ended while the defaults were measured (2 instance(s) done" in str(e.value)
     assert "need 3 before any candidate; give a longer --budget" in str(e.value)
     assert "the defaults failed" not in str(e.value)
+
+
+class DeclaredLostMidTrial(FakeEngine):
+    """On its first candidate after the defaults, another process declares this one lost: it records the trial in flight as
+    interrupted and tells Optuna FAIL (as agent.crew.bury does) while the server is still measuring."""
+
+    def __init__(self, ledger_path, storage):
+        super().__init__()
+        self.ledger_path, self.storage, self.victim = ledger_path, storage, None
+
+    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        other = Ledger(self.ledger_path)
+        running = [t for t in other.trials(status="running") if t.source in ("planner", "sampler")]
+        if self.victim is None and self.calls >= 4 and running:
+            from agent import crew
+
+            row = running[0]
+            study = optuna.load_study(study_name=row.run_id, storage=self.storage)
+            assert crew.interrupt(other, row, study, None, "its worker fell silent")
+            self.victim = row.number
+        return super().evaluate(spec, trial_dir, timeout_s, on_phase)
+
+
+def test_a_result_that_comes_after_the_trial_was_recorded_interrupted_is_dropped(tmp_path):
+    """Recorded once: the late result neither turns the interrupted row back to ok nor tells Optuna twice."""
+    engine = DeclaredLostMidTrial(tmp_path / "ledger.sqlite", f"sqlite:///{tmp_path / 'o.sqlite'}")
+    settings = Settings(model="m", workload="smoke", max_trials=4, facts={"cpus": 2, "concurrency": 1})
+    ledger, run = _run(tmp_path, "lost", engine, settings)
+    assert run.status == "finished" and engine.victim is not None
+    row = ledger.trial("lost", engine.victim)
+    assert row.status == "interrupted" and row.tps is None and "fell silent" in row.failure_message
+    study = optuna.load_study(study_name="lost", storage=f"sqlite:///{tmp_path / 'o.sqlite'}")
+    assert study.trials[row.optuna_number].state == optuna.trial.TrialState.FAIL
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent import gitops, recovery
-from agent.ledger import Ledger, Run, Trial
+from agent.ledger import Ledger, Run, Trial, Worker
 
 HERE = Path(__file__).parent
 
@@ -226,3 +226,25 @@ def test_a_trial_that_leaves_the_machine_dirty_stops_the_run_instead_of_blaming_
     last = ledger.trials("x")[-1]
     assert last.status == "failed" and last.failure_class == "unclean_teardown"
     assert len([t for t in ledger.trials("x") if t.source != "baseline"]) == 2   # no trial after it
+
+
+def test_repair_leaves_a_live_remote_workers_trial_to_it(tmp_path):
+    """A coordinator resumed (or stopped) while a worker on another host measures a trial: that row
+    and its Optuna trial stay running, to be recorded and told by their worker."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
+    ledger.add(Run(id="r", deadline_at="2100-01-01T00:00:00+00:00", model="m", space_path="s", space_hash="h",
+                   workload="smoke", repo="", settings={}))
+    study = optuna.create_study(study_name="r", storage=storage, direction="maximize")
+    theirs, ours = study.ask(), study.ask()
+    remote = ledger.add(Worker(run_id="r", name="gpu-b/0", host="gpu-b", pid=1, slot=0, device="GPU 0",
+                               role="worker"))
+    ledger.add(Trial(run_id="r", number=0, source="sampler", optuna_number=theirs.number, status="running",
+                     worker_id=remote.id))
+    ledger.add(Trial(run_id="r", number=1, source="sampler", optuna_number=ours.number, status="running"))
+    fixed = recovery.repair(ledger, ledger.run("r"), storage, None)
+    rows = {t.number: t for t in ledger.trials("r")}
+    assert rows[0].status == "running" and rows[1].status == "interrupted", fixed
+    told = {t.number: t.state for t in study.get_trials()}
+    assert told[theirs.number] == optuna.trial.TrialState.RUNNING
+    assert told[ours.number] == optuna.trial.TrialState.FAIL

@@ -179,7 +179,10 @@ def test_two_hosts_share_one_run_through_postgresql(postgres, tmp_path):
     # agent ledger sql stays read-only on PostgreSQL; its reads work.
     refused = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "sql", "delete from trials"], cwd=ROOT,
                              env=x.env_a, capture_output=True, text=True)
-    assert refused.returncode != 0 and "read-only" in refused.stderr.replace("\n", " ")
+    assert refused.returncode == 2 and "read-only" in refused.stderr.replace("\n", " "), refused.stderr
+    sneaked = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "sql", "commit; delete from trials"],
+                             cwd=ROOT, env=x.env_a, capture_output=True, text=True)
+    assert sneaked.returncode == 2 and "one statement at a time" in sneaked.stderr, sneaked.stderr
     assert len(ledger.trials(run_id)) == len(trials)
     counted = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "sql", "select count(*) from trials"],
                              cwd=ROOT, env=x.env_a, capture_output=True, text=True)
