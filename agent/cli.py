@@ -308,6 +308,9 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
         raise fail(f"--resume: no run {run_id!r} in {ledger.where}")
     if row.status == "finished":
         raise fail(f"--resume: run {run_id} already finished at {row.finished_at}")
+    if live := crew.coordinator(ledger.workers(run_id)):   # on another host: this host's lock cannot see it
+        raise fail(f"--resume: run {run_id} is going: its coordinator, pid {live.pid} on {live.host}, wrote its "
+                   f"heartbeat {crew.age_s(live.heartbeat_at):.0f} s ago; one coordinator per run", 1)
     space = _space(row.space_path, row.settings.get("draft_models") or [], exact=row.settings.get("exact", False))
     if space.hash != row.space_hash:
         raise fail(f"--resume: {row.space_path} changed since run {run_id} started; a resumed run keeps its space")

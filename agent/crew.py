@@ -87,6 +87,15 @@ def age_s(stamp: str) -> float:
     return (datetime.now(timezone.utc) - datetime.fromisoformat(stamp)).total_seconds()
 
 
+def coordinator(workers: list[Worker]) -> Worker | None:
+    """The run's coordinator if it is alive: its heartbeat fresh, and on this host its process there."""
+    for w in workers:
+        if w.role == "coordinator" and w.status == "running" and age_s(w.heartbeat_at) < grace_s() and \
+                (w.host != socket.gethostname() or psutil.pid_exists(w.pid)):
+            return w
+    return None
+
+
 def bury(ledger: Ledger, run: Run, study: optuna.Study | None, home: Path, say) -> list[str]:
     """Declare silent workers lost; their trials in flight become interrupted and their Optuna trials
     FAIL. Returns one line per thing done (nothing when another process did it first)."""

@@ -51,13 +51,6 @@ def describe_params(t: Trial) -> str:
     return refusals.describe(t.params) or "engine defaults"
 
 
-def coordinator_elsewhere(workers: list[Worker]) -> Worker | None:
-    """The coordinator, alive by its heartbeat: how a host that does not hold the run's lock (a
-    worker's host, reading the shared database) knows the run is going."""
-    return next((w for w in workers if w.role == "coordinator" and w.status == "running"
-                 and crew.age_s(w.heartbeat_at) < crew.grace_s()), None)
-
-
 def crew_lines(workers: list[Worker], trials: list[Trial]) -> list[str]:
     """A line per worker of a run on several devices; nothing for a run on one."""
     if len(workers) < 2:
@@ -79,7 +72,9 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
     now = now or datetime.now(timezone.utc)
     started, deadline = datetime.fromisoformat(run.started_at), datetime.fromisoformat(run.deadline_at)
     pid = lock_holder(home) if run.status == "running" else None
-    remote = coordinator_elsewhere(workers) if run.status == "running" and not pid else None
+    # A host that does not hold the run's lock (a worker's host, reading the shared database) knows
+    # the run is going by its coordinator's heartbeat.
+    remote = crew.coordinator(workers) if run.status == "running" and not pid else None
     if run.status == "running":
         state = (f"running, agent run pid {pid}" if pid else
                  f"running, agent run pid {remote.pid} on {remote.host}" if remote else

@@ -248,3 +248,23 @@ def test_repair_leaves_a_live_remote_workers_trial_to_it(tmp_path):
     told = {t.number: t.state for t in study.get_trials()}
     assert told[theirs.number] == optuna.trial.TrialState.RUNNING
     assert told[ours.number] == optuna.trial.TrialState.FAIL
+
+
+def test_a_resume_is_refused_while_the_runs_coordinator_lives_on_another_host(tmp_path, monkeypatch):
+    """The run lock is per host: with a shared database, a second coordinator could otherwise resume a
+    run that is going elsewhere and branch the same candidates twice."""
+    from agent.cli import app
+
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.add(Run(id="r", deadline_at="2100-01-01T00:00:00+00:00", model="m", space_path="s", space_hash="h",
+                   workload="smoke", repo="", settings={}, status="stopped"))
+    away = ledger.add(Worker(run_id="r", name="gpu-a/0", host="gpu-a", pid=4242, slot=0, device="GPU 0",
+                             role="coordinator"))
+    result = CliRunner().invoke(app, ["run", "--resume", "r"])
+    assert result.exit_code == 1, result.output
+    assert "its coordinator, pid 4242 on gpu-a, wrote its heartbeat" in result.stderr.replace("\n", " ")
+    # Silent past the grace, it is no longer evidence of a live run: the resume goes past this check.
+    ledger.update(away, heartbeat_at="2026-01-01T00:00:00+00:00")
+    result = CliRunner().invoke(app, ["run", "--resume", "r"])
+    assert "its coordinator" not in result.stderr
