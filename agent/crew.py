@@ -145,7 +145,7 @@ def tell_as_recorded(study: optuna.Study, number: int, row: Trial) -> None:
     if row.status == "pruned":
         study.tell(number, state=optuna.trial.TrialState.PRUNED)
     else:
-        study.tell(number, (row.heldout_ratio or row.tps_ratio or 0.0) if row.status == "ok" else 0.0)
+        study.tell(number, row.claimed_ratio if row.status == "ok" else 0.0)
 
 
 def settle(ledger: Ledger, run: Run, study: optuna.Study | None, me: Worker) -> list[str]:

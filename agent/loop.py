@@ -375,7 +375,7 @@ def next_near(near: list[dict], seen: dict, space: Space) -> dict | None:
 
 def told(row: Trial) -> tuple[float, float]:
     """What Optuna is told of a finished trial: (value, constraint), both from its ledger row."""
-    value = (row.heldout_ratio or row.tps_ratio or 0.0) if row.status in ("ok", "pruned") else 0.0
+    value = row.claimed_ratio if row.status in ("ok", "pruned") else 0.0
     return value, row.constraint if row.constraint is not None else 1.0
 
 
