@@ -136,7 +136,15 @@ def run(
     resume: str = typer.Option(None, help="Continue an interrupted run, to its original deadline."),
     model: str = typer.Option("embedded", help="Model folder or Hugging Face id; 'embedded' is Gemma 3 270M."),
     space_name: str = typer.Option(None, "--space", help="Space file or shipped name (default: vllm-cpu or vllm-gpu)."),
-    workload: str = typer.Option(None, help="Workload profile (default: challenge-cpu or challenge)."),
+    workload: str = typer.Option(None, help="Workload profile: the shipped traffic default-cpu or default (the "
+                                            "default), chat-cpu, the challenge meters challenge-cpu, challenge-short, "
+                                            "challenge, or a YAML file."),
+    traffic: Path = typer.Option(None, help="Your requests: OpenAI request bodies (JSONL), ShareGPT conversations, "
+                                            "or a timestamped trace (docs/traffic.md); measured with the workload's "
+                                            "concurrency and request counts."),
+    chat_template: Path = typer.Option(None, help="A Jinja chat template for chat requests, when the model has none."),
+    quality_text: Path = typer.Option(None, help="Plain text for perplexity, paragraphs apart (default: the shipped "
+                                                 "public-domain passages)."),
     quality: str = typer.Option(None, help="Quality set: quick (CPU default) or default (GPU default)."),
     repo: Path = typer.Option(None, help="Git repository to propose branches into (default: runs/proposals)."),
     ppl_tolerance: float = typer.Option(G.ppl_tolerance, help="Allowed relative perplexity increase."),
@@ -205,9 +213,11 @@ def run(
 
 
 def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, space_name, workload, quality, repo,
-             sampler, draft_model, planner, **settings) -> ledgers.Run:
+             sampler, draft_model, planner, traffic, chat_template, quality_text, **settings) -> ledgers.Run:
     """Check every option, prepare the model, and write the run's row: everything a resume needs is in it."""
+    from agent import traffic as traffics
     from sandbox.host import engine as engine_info, hardware
+    from sandbox.traffic import TrafficError, load as load_traffic
     from sandbox.workload import load_quality, load_workload
 
     try:
@@ -225,14 +235,22 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
     space = _space(space_name or ("vllm-gpu" if gpu else "vllm-cpu"), [], exact=settings["exact"])
     if sampler not in ("tpe", "random"):
         raise fail(f"--sampler: {sampler!r} is not tpe or random")
-    workload = workload or ("challenge" if gpu else "challenge-cpu")
+    workload = workload or ("default" if gpu else "default-cpu")
     try:
         meter = load_workload(workload)
     except ValueError as e:
         raise fail(f"--workload: {e}") from None
+    for option, given in (("--traffic", traffic), ("--chat-template", chat_template), ("--quality-text", quality_text)):
+        if given is not None and not given.is_file():
+            raise fail(f"{option}: {given} is not a file")
+    if traffic:
+        try:   # the file's form, every line, before the model is prepared (ShareGPT's lengths come later)
+            load_traffic(traffic, count_tokens=len)
+        except TrafficError as e:
+            raise fail(f"--traffic: {e}") from None
     quality = quality or ("default" if gpu else "quick")
     try:
-        load_quality(quality)
+        quality_set = load_quality(quality, str(quality_text.resolve()) if quality_text else None)
     except ValueError as e:
         raise fail(f"--quality: {e}") from None
     if model != "embedded" and not Path(model).is_dir() and not hub.is_hub_id(model):
@@ -263,13 +281,33 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
             raise fail(str(e)) from None
         space = _space(space.path, draft_model, exact=settings["exact"])
     now = datetime.now(timezone.utc)
+    run_id = now.strftime("%Y%m%d-%H%M%S")
+    try:
+        tokens = traffics.Tokens(served_model(model, revision), str(chat_template or meter.chat_template or "") or None)
+        if traffic:   # the run's own copy, read by every trial (docs/traffic.md)
+            source = traffics.prepare(traffic, home / run_id / "traffic.jsonl", tokens)
+            meter = traffics.with_traffic(meter, home / run_id / "traffic.jsonl", str(chat_template.resolve())
+                                          if chat_template else None)
+            requests, where = list(source.requests), str(traffic)
+        else:
+            requests, where = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
+        meter.check(settings["repeats"])
+        longest = traffics.check_against_model(requests, tokens, where)
+    except TrafficError as e:
+        raise fail(f"--traffic: {e}" if traffic else f"--workload: {e}") from None
+    context = traffics.context_length(longest, quality_set, tokens.limit)
+    space = space.with_fixed_flag("max-model-len", context)
+    console.print(f"traffic: {meter.summary_line()}; max-model-len {context} (longest request {longest} tokens"
+                  f"{f', the model allows {tokens.limit}' if tokens.limit else ''})", highlight=False)
     engine = engine_info()
     return ledger.add(ledgers.Run(
-        id=now.strftime("%Y%m%d-%H%M%S"), deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
+        id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
         model=model, model_revision=revision, engine=engine["name"], engine_version=engine["version"], hardware=hardware(),
-        space_path=space.path, space_hash=space.hash, workload=workload, workload_hash=meter.hash,
+        space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
         repo=str(proposals.working_dir),
         settings={"home": str(home), "budget_s": budget_s, "budget": budget_text, "quality": quality,
+                  "quality_text": quality_set.text_path, "workload_spec": meter.as_dict(), "max_model_len": context,
+                  "traffic": meter.summary(),
                   "model_given": model_given, "storage": where().kind, "choices": _choices(space),
                   "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
 
@@ -281,11 +319,13 @@ def served_model(model: str, revision: str | None) -> str:
         raise fail(f"the run's model: {e}") from None
 
 
-def _space(name: str, draft_models: list[str], exact: bool = False) -> spaces.Space:
+def _space(name: str, draft_models: list[str], exact: bool = False, max_model_len: int | None = None) -> spaces.Space:
     try:
         space = spaces.load(name)
     except spaces.SpaceError as e:
         raise fail(str(e)) from None
+    if max_model_len:   # the context length the run's traffic needs (agent.traffic.context_length)
+        space = space.with_fixed_flag("max-model-len", max_model_len)
     if exact:  # every trial, the defaults' included, served batch-invariant
         space = space.with_fixed_env("VLLM_BATCH_INVARIANT", "1")
     if draft_models:
@@ -311,7 +351,8 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     if live := crew.coordinator(ledger.workers(run_id)):   # on another host: this host's lock cannot see it
         raise fail(f"--resume: run {run_id} is going: its coordinator, pid {live.pid} on {live.host}, wrote its "
                    f"heartbeat {crew.age_s(live.heartbeat_at):.0f} s ago; one coordinator per run", 1)
-    space = _space(row.space_path, row.settings.get("draft_models") or [], exact=row.settings.get("exact", False))
+    space = _space(row.space_path, row.settings.get("draft_models") or [], exact=row.settings.get("exact", False),
+                   max_model_len=row.settings.get("max_model_len"))
     if space.hash != row.space_hash:
         raise fail(f"--resume: {row.space_path} changed since run {run_id} started; a resumed run keeps its space")
     repo = gitops.open_repo(Path(row.repo))
@@ -341,19 +382,22 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
     from sandbox.workload import load_workload
 
     o = {**DEFAULTS, **row.settings}  # a run written by an older version lacks the newer settings
-    meter = load_workload(row.workload)
+    meter = load_workload(o.get("workload_spec") or row.workload)
     gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
                         kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
                         itl_p99_ms_max=o["slo_itl_p99_ms"],
                         max_instances=o["max_instances"], exact=o["exact"])
-    settings = Settings(model=_model_here(row, o), workload=row.workload, quality=o["quality"], gate=gate,
+    settings = Settings(model=_model_here(row, o), workload=o.get("workload_spec") or row.workload,
+                        quality=o["quality"], quality_text=o.get("quality_text"), gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
                         sampler_per_planner=o["sampler_per_planner"], sampler=o["sampler"],
                         max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"],
                         near_start=o["one_knob_start"], home=home,
-                        facts={**hardware(), "concurrency": meter.concurrency, "max_tokens": meter.max_tokens})
+                        facts={**hardware(), "concurrency": meter.concurrency,
+                               "max_tokens": max(r.max_tokens for r in meter.measured(0)),
+                               "sampled_share": meter.summary()["sampled_share"]})
     space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
-    space = _space(space_path, o.get("draft_models") or [], exact=o["exact"])
+    space = _space(space_path, o.get("draft_models") or [], exact=o["exact"], max_model_len=o.get("max_model_len"))
     if space.hash != row.space_hash:
         raise fail(f"{row.space_path} on this host is not the space run {row.id} searches (hash {space.hash}, "
                    f"the run's {row.space_hash})")

@@ -51,8 +51,9 @@ CANDIDATES = ("planner", "sampler")
 @dataclass
 class Settings:
     model: str
-    workload: str
+    workload: str | dict   # a shipped profile's name, or the run's workload as a mapping (its traffic path in it)
     quality: str = "default"
+    quality_text: str | None = None   # the user's perplexity text (--quality-text)
     gate: GateSettings = field(default_factory=GateSettings)
     baseline_instances: int = 2    # before the A/A; more follow on a noisy host (GateSettings.noisy)
     repeats: int = 2
@@ -473,7 +474,8 @@ def held_out_estimate_s(t: Trial) -> float:
 
 def spec_for(run: Run, settings: Settings, flags: dict, env: dict, **extra) -> dict:
     return {"model": settings.model, "flags": flags, "env": env, "workload": settings.workload,
-            "quality": settings.quality, "repeats": settings.repeats, **extra}
+            "quality": settings.quality, "repeats": settings.repeats,
+            **({"quality_text": settings.quality_text} if settings.quality_text else {}), **extra}
 
 
 def engine_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine) -> dict:

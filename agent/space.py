@@ -172,6 +172,11 @@ class Space:
         env = check_env({**self.fixed_env, name: value}, where=f"{self.path}: fixed.env")
         return replace(self, fixed_env=env, hash=hashlib.sha256(f"{self.hash}{name}={value}".encode()).hexdigest()[:16])
 
+    def with_fixed_flag(self, name: str, value: Any) -> "Space":
+        flags = check_flags({**self.fixed_flags, name: value}, where=f"{self.path}: fixed.flags")
+        return replace(self, fixed_flags=flags,
+                       hash=hashlib.sha256(f"{self.hash}--{name}={value}".encode()).hexdigest()[:16])
+
     def with_knob(self, knob: Knob) -> "Space":
         return replace(self, knobs={**self.knobs, knob.name: knob},
                        hash=hashlib.sha256(f"{self.hash}{knob}".encode()).hexdigest()[:16])

@@ -43,7 +43,7 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, m
     base_row = next((t for t in ledger.trials(run.id) if t.source == "baseline"), None)
     from sandbox.workload import load_workload
 
-    meter = load_workload(claim["meter"]["name"]).with_split(split)
+    meter = load_workload(run.settings.get("workload_spec") or claim["meter"]["name"]).with_split(split)
     try:   # the commit the branch was measured with, for a model given by Hub id
         model = hub.served(run.model, run.model_revision)
     except hub.ModelUnavailable as e:

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
+from sandbox.traffic import ENDPOINTS, Request, keys_hash
 from sandbox.workload import Workload
 
 
@@ -25,6 +26,8 @@ class RequestResult:
     latency_s: float = 0.0
     itl_s: list[float] = field(default_factory=list)
     error: str | None = None
+    finish: str | None = None      # eos, stop (a stop string or token), length, or the server's word
+    exact_tokens: int | None = None  # with ignore_eos: the count it must return
 
 
 @dataclass
@@ -39,6 +42,8 @@ class BenchResult:
     itl_ms: dict[str, float]
     latency_ms: dict[str, float]
     first_error: str | None
+    finish: dict[str, int] = field(default_factory=dict)   # how the requests ended: eos, stop, length
+    draw_hash: str | None = None                           # the requests measured (sandbox.traffic.keys_hash)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -190,7 +195,10 @@ async def one_request(pool: _Connections, path: str, body: dict) -> RequestResul
                 if "error" in chunk:
                     result.error = f"stream error: {str(chunk['error'])[:300]}"
                     return result
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                choice = (chunk.get("choices") or [{}])[0]
+                if choice.get("finish_reason"):
+                    result.finish = _finish(choice)
+                if choice.get("text") or (choice.get("delta") or {}).get("content"):
                     if result.ttft_s is None:
                         result.ttft_s = now - start
                     else:
@@ -213,16 +221,17 @@ async def one_request(pool: _Connections, path: str, body: dict) -> RequestResul
     return result
 
 
-def request_body(model: str, prompt: str, workload: Workload) -> dict:
-    return {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": workload.max_tokens,
-        "temperature": workload.temperature,
-        "ignore_eos": workload.ignore_eos,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+def _finish(choice: dict) -> str:
+    """vLLM's finish_reason 'stop' with no stop_reason is the end-of-sequence token."""
+    reason = str(choice["finish_reason"])
+    if reason == "stop":
+        return "stop" if choice.get("stop_reason") is not None else "eos"
+    return reason
+
+
+def request_body(model: str, request: Request) -> dict:
+    """What is sent: the request as the user wrote it, streamed, with usage in the last chunk."""
+    return {**request.body, "model": model, "stream": True, "stream_options": {"include_usage": True}}
 
 
 @dataclass
@@ -253,25 +262,26 @@ class Pruner:
 
     @staticmethod
     def for_workload(below_tps: float, workload: Workload) -> "Pruner":
-        return Pruner(below_tps, max(3, workload.num_prompts // 8), workload.max_tokens, workload.concurrency)
+        longest = max(r.max_tokens for r in workload.measured(0))
+        return Pruner(below_tps, max(3, workload.num_prompts // 8), longest, workload.concurrency)
 
 
-async def run_prompts(base_url: str, model: str, prompts: list[str], workload: Workload,
-                      timeout_s: float, pruner: Pruner | None = None) -> tuple[list[RequestResult], float]:
-    """Send prompts with the workload's concurrency; returns results and the phase's wall time.
-    With a pruner, the requests still to run are cancelled once it calls the phase hopeless, and
-    only the finished ones are returned."""
-    gate = asyncio.Semaphore(workload.concurrency)
+async def run_requests(base_url: str, model: str, requests: list[Request], concurrency: int,
+                       timeout_s: float, pruner: Pruner | None = None) -> tuple[list[RequestResult], float]:
+    """Send requests, `concurrency` at a time; returns results (in request order) and the phase's
+    wall time. With a pruner, the requests still to run are cancelled once it calls the phase
+    hopeless, and only the finished ones are returned."""
+    gate = asyncio.Semaphore(concurrency)
     pool = _Connections(base_url, connect_timeout_s=10.0)
-    bodies = [request_body(model, prompt, workload) for prompt in prompts]
     done: list[RequestResult] = []
     stop = asyncio.Event()
 
-    async def bounded(body: dict) -> RequestResult | None:
+    async def bounded(request: Request) -> RequestResult | None:
         async with gate:
             if stop.is_set():
                 return None
-            result = await one_request(pool, "/v1/completions", body)
+            result = await one_request(pool, ENDPOINTS[request.endpoint], request_body(model, request))
+            result.exact_tokens = request.max_tokens if request.body.get("ignore_eos") else None
             done.append(result)
             if pruner and pruner.hopeless(done, time.perf_counter() - start):
                 stop.set()
@@ -279,17 +289,21 @@ async def run_prompts(base_url: str, model: str, prompts: list[str], workload: W
 
     try:
         start = time.perf_counter()
-        results = await asyncio.wait_for(asyncio.gather(*(bounded(b) for b in bodies)), timeout_s)
+        results = await asyncio.wait_for(asyncio.gather(*(bounded(r) for r in requests)), timeout_s)
         return [r for r in results if r is not None], time.perf_counter() - start
     finally:
         pool.close()
 
 
-def summarize(results: list[RequestResult], wall_s: float, workload: Workload) -> BenchResult:
+def summarize(results: list[RequestResult], wall_s: float, requests: list[Request]) -> BenchResult:
+    """The phase's figures; requests are those it was given (a pruned phase answered only some)."""
     ok = [r for r in results if r.ok]
     tokens = sum(r.output_tokens for r in ok)
-    short = sum(1 for r in ok if workload.ignore_eos and r.output_tokens != workload.max_tokens)
+    short = sum(1 for r in ok if r.exact_tokens is not None and r.output_tokens != r.exact_tokens)
     errors = [r for r in results if not r.ok]
+    finish: dict[str, int] = {}
+    for r in ok:
+        finish[r.finish or "unknown"] = finish.get(r.finish or "unknown", 0) + 1
     return BenchResult(
         tps=round(tokens / wall_s, 3) if wall_s > 0 else 0.0,
         output_tokens=tokens,
@@ -301,10 +315,13 @@ def summarize(results: list[RequestResult], wall_s: float, workload: Workload) -
         itl_ms=percentiles([g for r in ok for g in r.itl_s]),
         latency_ms=percentiles([r.latency_s for r in ok]),
         first_error=errors[0].error if errors else None,
+        finish=finish,
+        draw_hash=keys_hash(requests),
     )
 
 
 def bench_deadline_s(workload: Workload, floor_tps: float = 2.0) -> float:
     """A generous default deadline: every token at floor_tps per stream, plus slack."""
-    tokens = (workload.num_prompts + workload.warmup_requests) * workload.max_tokens
+    longest = max(r.max_tokens for r in workload.measured(0))
+    tokens = (workload.num_prompts + workload.warmup_requests) * longest
     return 60.0 + tokens / (floor_tps * workload.concurrency)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import httpx
 
 from sandbox.failures import TrialFailure
-from sandbox.workload import Quality
+from sandbox.traffic import ENDPOINTS
+from sandbox.workload import Quality, Workload
 
 # The server clamps -inf logprobs to this value; seeing it means broken numerics, not data.
 CLAMPED_LOGPROB = -9999.0
@@ -110,20 +111,46 @@ def _top_logprobs(choice: dict) -> list[dict[str, float]] | None:
     return out
 
 
-def greedy_outputs(client: httpx.Client, base_url: str, model: str, quality: Quality) -> list[dict]:
-    """Greedy completions of the comparison prompts: output token ids and each position's top-k logprobs."""
+def _chat_top_logprobs(choice: dict) -> list[dict[str, float]] | None:
+    """The chat endpoint's logprobs ({"content": [{"top_logprobs": [{token, logprob}]}]}) in the
+    completions' shape: per position, {token id: logprob}."""
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        return None
+    return _top_logprobs({"logprobs": {"top_logprobs": [
+        {t.get("token"): t.get("logprob") for t in (c.get("top_logprobs") or []) if isinstance(t, dict)}
+        for c in content if isinstance(c, dict)]}})
+
+
+def greedy_requests(quality: Quality, workload: Workload | None) -> list[tuple[str, str, dict]]:
+    """(id, endpoint, body) of each greedy comparison: the user's own requests (a sample of the search
+    split, their prompts or messages at temperature 0) when the workload has traffic, else the shipped
+    prompts. Ids of the user's requests are their hashes, never their text."""
+    count = quality.greedy_count or len(quality.greedy_prompts)
+    if workload is None or not workload.traffic:
+        return [(item["id"], "completions", {"prompt": item["prompt"]}) for item in quality.greedy_prompts[:count]]
+    return [(r.key, r.endpoint, {k: r.body[k] for k in ("prompt", "messages") if k in r.body})
+            for r in workload.quality_requests(count)]
+
+
+def greedy_outputs(client: httpx.Client, base_url: str, model: str, quality: Quality,
+                   workload: Workload | None = None) -> list[dict]:
+    """Greedy completions of the comparison requests: output token ids and each position's top-k logprobs."""
     out = []
-    for item in quality.greedy_prompts[:quality.greedy_count or None]:
-        r = client.post(f"{base_url}/v1/completions", json={
-            "model": model, "prompt": item["prompt"], "max_tokens": quality.greedy_max_tokens,
-            "temperature": 0.0, "return_token_ids": True, "logprobs": TOP_K, "return_tokens_as_token_ids": True,
+    for key, endpoint, body in greedy_requests(quality, workload):
+        chat = endpoint == "chat"
+        r = client.post(f"{base_url}{ENDPOINTS[endpoint]}", json={
+            **body, "model": model, "max_tokens": quality.greedy_max_tokens, "temperature": 0.0,
+            "return_token_ids": True, "return_tokens_as_token_ids": True,
+            **({"logprobs": True, "top_logprobs": TOP_K} if chat else {"logprobs": TOP_K}),
         })
         if r.status_code != 200:
-            raise TrialFailure("request_errors", f"greedy request {item['id']} failed: HTTP {r.status_code} {r.text[:300]}")
+            raise TrialFailure("request_errors", f"greedy request {key} failed: HTTP {r.status_code} {r.text[:300]}")
         choice = r.json()["choices"][0]
         ids = choice.get("token_ids")
         if not isinstance(ids, list) or not ids:
-            raise TrialFailure("bad_output", f"greedy request {item['id']} returned no token ids")
-        out.append({"id": item["id"], "token_ids": [int(t) for t in ids], "text": choice.get("text", ""),
-                    "top_logprobs": _top_logprobs(choice)})
+            raise TrialFailure("bad_output", f"greedy request {key} returned no token ids")
+        out.append({"id": key, "token_ids": [int(t) for t in ids],
+                    "text": "" if workload is not None and workload.traffic else choice.get("text", ""),
+                    "top_logprobs": _chat_top_logprobs(choice) if chat else _top_logprobs(choice)})
     return out

@@ -152,7 +152,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code", "repeats",
-             "heldout_bench", "prune_below_tps", "quality_above_tps"}
+             "heldout_bench", "prune_below_tps", "quality_above_tps", "quality_text"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SpecError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -173,6 +173,9 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e7):
             raise SpecError(f"{source}.{key}: {value!r} is not a TPS figure")
     prune, quality_above = raw.get("prune_below_tps"), raw.get("quality_above_tps")
+    quality_text = raw.get("quality_text")
+    if quality_text is not None and not isinstance(quality_text, str):
+        raise SpecError(f"{source}.quality_text: {quality_text!r} is not a file path")
     deadlines = raw.get("deadlines") or {}
     try:
         deadlines = Deadlines(**{k: float(v) for k, v in deadlines.items()})
@@ -180,7 +183,8 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         raise SpecError(f"{source}.deadlines: {deadlines!r} is not a mapping of phase_s: seconds ({e})") from None
     try:
         workload = load_workload(raw.get("workload", "smoke"))
-        quality = None if raw.get("quality") == "none" else load_quality(raw.get("quality", "default"))
+        quality = None if raw.get("quality") == "none" else load_quality(raw.get("quality", "default"), quality_text)
+        workload.check(repeats, heldout=heldout)   # enough distinct requests that no server is sent one twice
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SpecError(f"{source}: {e}") from None
     return TrialSpec(

@@ -59,7 +59,7 @@ def _interrupt(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-async def _measure(server: Server, workload, timeout_s: float,
+async def _measure(server: Server, workload, requests: list, timeout_s: float,
                    pruner: bench.Pruner | None = None) -> tuple[bench.BenchResult, dict]:
     async with httpx.AsyncClient(timeout=5.0) as client:
         before = await metrics.scrape(client, server.base_url)
@@ -67,14 +67,14 @@ async def _measure(server: Server, workload, timeout_s: float,
     stop = asyncio.Event()
     sampling = asyncio.create_task(sampler.run(stop))
     try:
-        results, wall = await bench.run_prompts(server.base_url, server.model_name, workload.prompts(),
-                                                workload, timeout_s, pruner)
+        results, wall = await bench.run_requests(server.base_url, server.model_name, requests,
+                                                 workload.concurrency, timeout_s, pruner)
     finally:
         stop.set()
         await sampling
     async with httpx.AsyncClient(timeout=5.0) as client:
         after = await metrics.scrape(client, server.base_url)
-    return bench.summarize(results, wall, workload), metrics.summarize(before, after, sampler)
+    return bench.summarize(results, wall, requests), metrics.summarize(before, after, sampler)
 
 
 class TrialRun:
@@ -93,11 +93,12 @@ class TrialRun:
             "model": spec.model, "flags": spec.flags, "env": spec.env,
             "engine": host.engine(), "hardware": host.hardware(),
             "workload": {"name": workload.name, "meter_version": workload.meter_version,
-                         "hash": workload.hash, "prompt_split": workload.prompt_split},
+                         "hash": workload.hash, "prompt_split": workload.prompt_split, **workload.summary()},
             "quality_set": {"name": spec.quality.name, "hash": spec.quality.hash} if spec.quality else None,
             "timings": {}, "bench": None, "metrics": None, "quality": None, "log_path": str(log_path),
         }
-        args = spec.server_args() + (["--trust-remote-code"] if spec.trust_remote_code else [])
+        args = (spec.server_args() + (["--trust-remote-code"] if spec.trust_remote_code else [])
+                + (["--chat-template", workload.chat_template] if workload.chat_template else []))
         self.server = Server(spec.model, args, spec.env, log_path, port=port, launcher=launcher)
         self.result["argv"] = self.server.argv[1:]
         self.result["port"] = self.server.port
@@ -130,8 +131,8 @@ class TrialRun:
         self.enter("warmup")
         workload = self.spec.workload
         with deadline(self.spec.deadlines.warmup_s, self.phase):
-            warm, _ = asyncio.run(bench.run_prompts(self.server.base_url, self.server.model_name,
-                                                    workload.warmup_prompts(), workload, self.spec.deadlines.warmup_s))
+            warm, _ = asyncio.run(bench.run_requests(self.server.base_url, self.server.model_name, workload.warmups(),
+                                                     workload.concurrency, self.spec.deadlines.warmup_s))
         self.server.fail_if_dead(self.phase)
         if any(not r.ok for r in warm):
             raise TrialFailure("request_errors", f"warm-up request failed: {next(r.error for r in warm if not r.ok)}")
@@ -144,8 +145,8 @@ class TrialRun:
                   if spec.prune_below_tps is not None else None)
         runs = []
         with deadline(self.bench_s * spec.repeats + 10, self.phase):
-            for _ in range(spec.repeats):
-                runs.append(asyncio.run(_measure(self.server, workload, self.bench_s, pruner)))
+            for repeat in range(spec.repeats):   # fresh requests each repeat: nothing replayed to this server
+                runs.append(asyncio.run(_measure(self.server, workload, workload.measured(repeat), self.bench_s, pruner)))
                 self.server.fail_if_dead(self.phase)
                 if runs[-1][0].errors or (pruner and pruner.pruned):
                     break
@@ -163,14 +164,15 @@ class TrialRun:
             return
         if measured.output_tokens == 0 or measured.short_outputs:
             raise TrialFailure("bad_output", f"{measured.short_outputs} of {measured.requests} requests did not "
-                                             f"return the {workload.max_tokens} tokens asked for with ignore_eos")
+                                             f"return the max_tokens asked for with ignore_eos")
 
     def heldout(self) -> None:
         """Same server, other prompts: the defaults' reference for held-out decisions."""
         spec = self.spec
         heldout = spec.workload.with_split("heldout")
         with deadline(self.bench_s * spec.repeats + 10, self.phase):
-            reps = [asyncio.run(_measure(self.server, heldout, self.bench_s))[0] for _ in range(spec.repeats)]
+            reps = [asyncio.run(_measure(self.server, heldout, heldout.measured(r), self.bench_s))[0]
+                    for r in range(spec.repeats)]
         self.server.fail_if_dead(self.phase)
         median = sorted(reps, key=lambda r: r.tps)[len(reps) // 2]
         self.result["bench_heldout"] = {**median.to_dict(), "repeats_tps": [r.tps for r in reps], "hash": heldout.hash}
@@ -181,7 +183,8 @@ class TrialRun:
         spec, server = self.spec, self.server
         with deadline(spec.deadlines.quality_s, self.phase), httpx.Client(timeout=spec.deadlines.quality_s) as client:
             ppl = quality.perplexity(client, server.base_url, server.model_name, spec.quality)
-            greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality)
+            greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality,
+                                            spec.workload if spec.workload.traffic else None)
         server.fail_if_dead(self.phase)
         self.result["quality"] = {"ppl": ppl.ppl, "nll": ppl.nll, "ppl_tokens": ppl.tokens,
                                   "ppl_windows": ppl.windows, "greedy": greedy}

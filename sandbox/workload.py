@@ -7,8 +7,10 @@ ever compared when they came from the same meter.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -16,45 +18,126 @@ from typing import Any
 
 import yaml
 
+from sandbox.traffic import HELDOUT_SHARE, Request, Traffic, TrafficError, draw, keys_hash, seeded
+from sandbox.traffic import load as load_traffic
+
 DATA = Path(str(files("sandbox").joinpath("data")))
+# name: (types, required). A traffic workload takes its requests (and their lengths, sampling and
+# stopping) from its file; a template workload (no traffic) builds them from the shipped prompts
+# with max_tokens, temperature and ignore_eos, as the challenge meters do.
 WORKLOAD_FIELDS = {
-    "name": str, "meter_version": int, "concurrency": int, "num_prompts": int,
-    "max_tokens": int, "ignore_eos": bool, "temperature": float, "warmup_requests": int,
-    "prompt_split": str,
+    "name": ((str,), True), "meter_version": ((int,), True), "concurrency": ((int,), True),
+    "num_prompts": ((int,), True), "warmup_requests": ((int,), True), "prompt_split": ((str,), True),
+    "max_tokens": ((int, type(None)), False), "ignore_eos": ((bool, type(None)), False),
+    "temperature": ((float, type(None)), False), "traffic": ((str, type(None)), False),
+    "chat_template": ((str, type(None)), False),
 }
 SPLITS = ("search", "heldout")
 
 
 @dataclass(frozen=True)
 class Workload:
+    """What one measured phase sends, and how: `num_prompts` requests, `concurrency` at a time.
+
+    Every server instance, whatever its config, gets the same draws: its warm-ups are the first
+    `warmup_requests` of the search split, its measured phase r the next `num_prompts` after them
+    (the held-out split: from its start), so no request is sent twice to one server and no config
+    can gain by serving a repeat from a cache (docs/traffic.md)."""
     name: str
     meter_version: int
     concurrency: int
     num_prompts: int
-    max_tokens: int
-    ignore_eos: bool
-    temperature: float
     warmup_requests: int
     prompt_split: str
+    max_tokens: int | None = None
+    ignore_eos: bool | None = None
+    temperature: float | None = None
+    traffic: str | None = None        # a traffic file (sandbox.traffic); None: the shipped prompt templates
+    chat_template: str | None = None  # served with --chat-template for chat requests
 
-    def prompts(self) -> list[str]:
-        """The measured prompts, in order; cycles through the split if it is shorter."""
-        pool = split_prompts(self.prompt_split)
-        return [pool[i % len(pool)] for i in range(self.num_prompts)]
+    def pool(self, split: str | None = None) -> list[Request]:
+        """A split's requests in their fixed order, each sampled one with its seed."""
+        split = split or self.prompt_split
+        if self.traffic:
+            return [seeded(r) for r in _traffic(self.traffic).split(split)]
+        return [seeded(Request("completions", {"prompt": p, "max_tokens": self.max_tokens,
+                                              "temperature": self.temperature, "ignore_eos": self.ignore_eos}, i + 1))
+                for i, p in enumerate(split_prompts(split))]
 
-    def warmup_prompts(self) -> list[str]:
-        # Taken from the end of the split so warm-ups never prime the prefix cache for the
-        # measured prompts.
-        pool = split_prompts(self.prompt_split)
-        return [pool[-1 - (i % len(pool))] for i in range(self.warmup_requests)]
+    def warmups(self) -> list[Request]:
+        return draw(self.pool("search"), 0, self.warmup_requests, self.where("search"))
+
+    def measured(self, repeat: int = 0) -> list[Request]:
+        """Measured phase `repeat` of a server: fresh requests each time."""
+        first = self.warmup_requests if self.prompt_split == "search" else 0
+        return draw(self.pool(), first + repeat * self.num_prompts, self.num_prompts, self.where(self.prompt_split))
+
+    def quality_requests(self, count: int) -> list[Request]:
+        """The user's own requests for the greedy comparison: from the search split's end."""
+        return list(reversed(self.pool("search")))[:count]
+
+    def check(self, repeats: int, heldout: bool = True) -> None:
+        """A split too small for `repeats` fresh phases (after the warm-ups) is refused, naming the
+        minimum; heldout False: only the split this workload measures is needed (one trial's spec)."""
+        search, heldout_size = len(self.pool("search")), len(self.pool("heldout"))
+        need_search = self.warmup_requests + (repeats * self.num_prompts if self.prompt_split == "search" else 0)
+        need_heldout = repeats * self.num_prompts if heldout or self.prompt_split == "heldout" else 0
+        if search < need_search or heldout_size < need_heldout:
+            total = len(_traffic(self.traffic).requests) if self.traffic else search + heldout
+            raise TrafficError(
+                f"{self.traffic or 'prompts.jsonl'}: {total} requests split into {search} search and {heldout_size} "
+                f"held-out; {repeats} repeats of {self.num_prompts} requests need at least {need_search} search "
+                f"({self.warmup_requests} warm-ups first) and {need_heldout} held-out distinct requests (about "
+                f"{math.ceil(max(need_search / (1 - HELDOUT_SHARE), need_heldout / HELDOUT_SHARE))} in the file; "
+                f"or fewer --repeats or num_prompts)")
+
+    def where(self, split: str) -> str:
+        return f"{self.traffic or 'the shipped prompts'} ({split} split)"
+
+    def summary(self) -> dict:
+        """Hashes and shares of the traffic measured: no request text."""
+        measured = self.measured(0)
+        out = {"split": self.prompt_split, "split_hash": keys_hash(self.pool()), "draw_hash": keys_hash(measured),
+               "sampled_share": round(sum(r.sampled for r in measured) / len(measured), 3),
+               "ignore_eos_share": round(sum(bool(r.body.get("ignore_eos")) for r in measured) / len(measured), 3)}
+        if self.traffic:
+            out["traffic"] = _traffic(self.traffic).summary()
+        return out
+
+    def summary_line(self) -> str:
+        pools = {split: self.pool(split) for split in SPLITS}
+        every = [*pools["search"], *pools["heldout"]]
+        sampled = sum(r.sampled for r in every) / len(every)
+        natural = sum(not r.body.get("ignore_eos") for r in every) / len(every)
+        chat = sum(r.endpoint == "chat" for r in every)
+        source = Path(self.traffic).name if self.traffic else "the shipped prompt templates"
+        return (f"{self.name}: {source}, {len(every)} requests ({len(pools['search'])} search, "
+                f"{len(pools['heldout'])} held-out; {sampled:.0%} sampled, {natural:.0%} may stop at EOS"
+                f"{f', {chat} chat' if chat else ''}), {self.num_prompts} a phase at concurrency {self.concurrency}")
 
     @property
     def hash(self) -> str:
-        payload = json.dumps({"profile": asdict(self), "prompts": self.prompts()}, sort_keys=True)
+        profile = {k: v for k, v in asdict(self).items() if k not in ("traffic", "chat_template")}  # paths differ by host
+        payload = json.dumps({"profile": profile, "requests": [r.key for r in self.pool()],
+                              "warmups": [r.key for r in self.pool("search")[:self.warmup_requests]],
+                              "template": _digest(self.chat_template) if self.chat_template else None},
+                             sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def with_split(self, split: str) -> "Workload":
         return Workload(**{**asdict(self), "prompt_split": split})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@functools.cache
+def _traffic(path: str) -> Traffic:
+    return load_traffic(path)
+
+
+def _digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -65,6 +148,7 @@ class Quality:
     greedy_prompts: list[dict]
     greedy_max_tokens: int
     greedy_count: int | None = None    # the first N prompts only (None: all)
+    text_path: str | None = None       # the user's own perplexity text (None: the shipped passages)
 
     def documents(self) -> list[str]:
         """Perplexity documents: the text's paragraphs."""
@@ -86,7 +170,8 @@ def split_prompts(split: str) -> list[str]:
 
 
 def load_workload(ref: str | dict[str, Any]) -> Workload:
-    """A workload from a shipped profile name, a YAML path, or an inline mapping."""
+    """A workload from a shipped profile name, a YAML path, or an inline mapping. A relative traffic
+    or chat_template path is read beside the YAML (a shipped profile's: under sandbox/data/traffic)."""
     if isinstance(ref, str):
         path = DATA / "workloads" / f"{ref}.yaml"
         if not path.exists():
@@ -94,44 +179,72 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
         if not path.exists():
             shipped = sorted(p.stem for p in (DATA / "workloads").glob("*.yaml"))
             raise ValueError(f"workload {ref!r} is neither a shipped profile ({', '.join(shipped)}) nor a file")
-        raw, where = yaml.safe_load(path.read_text()), str(path)
+        raw, where, base = yaml.safe_load(path.read_text()), str(path), path.parent
+        if path.parent == DATA / "workloads":
+            base = DATA / "traffic"
     else:
-        raw, where = ref, "workload"
+        raw, where, base = ref, "workload", Path.cwd()
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a mapping")
     unknown = sorted(set(raw) - set(WORKLOAD_FIELDS))
     if unknown:
         raise ValueError(f"{where}: unknown field {unknown[0]!r}")
-    missing = sorted(set(WORKLOAD_FIELDS) - set(raw))
+    missing = sorted(k for k, (_, required) in WORKLOAD_FIELDS.items() if required and k not in raw)
     if missing:
         raise ValueError(f"{where}: missing field {missing[0]!r}")
     values = {}
-    for key, kind in WORKLOAD_FIELDS.items():
-        value = raw[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    for key, (kinds, _) in WORKLOAD_FIELDS.items():
+        value = raw.get(key)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ValueError(f"{where}.{key}: {value!r} is not a {kind.__name__}")
-        if kind is int and value < (0 if key == "warmup_requests" else 1):
+        if not isinstance(value, kinds) or (int in kinds and isinstance(value, bool)):
+            raise ValueError(f"{where}.{key}: {value!r} is not a {kinds[0].__name__}")
+        if isinstance(value, int) and not isinstance(value, bool) and value < (0 if key == "warmup_requests" else 1):
             raise ValueError(f"{where}.{key}: {value!r} is out of range")
+        if key in ("traffic", "chat_template") and value is not None:
+            value = str((base / value).resolve())
+            if not Path(value).is_file():
+                raise ValueError(f"{where}.{key}: {value} is not a file")
         values[key] = value
+    if values["traffic"] is None:
+        absent = [k for k in ("max_tokens", "ignore_eos", "temperature") if values[k] is None]
+        if absent:
+            raise ValueError(f"{where}: a workload without traffic needs {absent[0]!r} (the templates' requests)")
+    elif any(values[k] is not None for k in ("max_tokens", "ignore_eos", "temperature")):
+        raise ValueError(f"{where}: max_tokens, ignore_eos and temperature come from the traffic file's own "
+                         f"requests; leave them out of a traffic workload")
     workload = Workload(**values)
-    split_prompts(workload.prompt_split)  # validates the split name
+    if workload.prompt_split not in SPLITS:
+        raise ValueError(f"{where}.prompt_split: {workload.prompt_split!r} is not one of {', '.join(SPLITS)}")
+    if workload.traffic:
+        _traffic(workload.traffic)   # every request checked now, before any server starts
     return workload
 
 
-def load_quality(name: str = "default") -> Quality:
-    """A shipped quality set: 'default' (sandbox/data/quality.yaml) or 'quick' (quality-quick.yaml)."""
+def load_quality(name: str = "default", text_path: str | None = None) -> Quality:
+    """A shipped quality set: 'default' (sandbox/data/quality.yaml) or 'quick' (quality-quick.yaml);
+    text_path, when given, is the perplexity text instead of the shipped passages (all of it)."""
     path = DATA / ("quality.yaml" if name == "default" else f"quality-{name}.yaml")
     if not isinstance(name, str) or not path.exists():
         raise ValueError(f"quality set {name!r} is not shipped (default, quick)")
     raw = yaml.safe_load(path.read_text())
-    paragraphs = [p.strip() for p in (DATA / raw["perplexity_text"]).read_text().split("\n\n") if p.strip()]
+    if text_path:
+        try:
+            text = Path(text_path).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"quality text {text_path}: cannot read ({e})") from None
+        paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+        if not paragraphs:
+            raise ValueError(f"quality text {text_path}: no text")
+    else:
+        paragraphs = [p.strip() for p in (DATA / raw["perplexity_text"]).read_text().split("\n\n") if p.strip()]
+        paragraphs = paragraphs[:raw.get("documents")]
     return Quality(
-        name=raw["name"],
-        perplexity_text="\n\n".join(paragraphs[:raw.get("documents")]),
+        name=raw["name"] + ("+text" if text_path else ""),
+        perplexity_text="\n\n".join(paragraphs),
         window_tokens=int(raw["window_tokens"]),
         greedy_prompts=_read_jsonl(DATA / raw["greedy_prompts"]),
         greedy_max_tokens=int(raw["greedy_max_tokens"]),
         greedy_count=raw.get("greedy_prompts_used"),
+        text_path=text_path,
     )

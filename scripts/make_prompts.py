@@ -19,6 +19,14 @@ FORMS = [
     "Compose a detailed guide for a beginner who wants to learn about {s}.",
     "Write the opening chapter of a mystery novel in which {s} plays a central role.",
     "Summarize the history of {s} in plain language, from its origins to today.",
+    "Write a persuasive essay arguing that every school should teach {s}.",
+    "Describe {s} to someone who has never heard of it, using one everyday comparison.",
+    "Write a dialogue between a skeptic and an enthusiast about {s}.",
+    "Give five surprising facts about {s}, each with a sentence of explanation.",
+    "Write a newspaper report on a local festival devoted to {s}.",
+    "Explain what a career built around {s} looks like, and how to start one.",
+    "Write a poem in free verse about {s}.",
+    "Plan a weekend trip for a family that wants to learn about {s}.",
 ]
 
 SEARCH_SUBJECTS = [
@@ -29,7 +37,9 @@ SEARCH_SUBJECTS = [
 ]
 HELD_OUT_SUBJECTS = [
     "fireflies", "suspension bridges", "salt marshes", "pipe organs", "the northern lights",
-    "printing presses",
+    "printing presses", "canal locks", "mushroom foraging", "sea otters", "stained glass",
+    "weather balloons", "cave paintings", "hot springs", "carrier pigeons", "sand dunes",
+    "bookbinding",
 ]
 
 

@@ -182,7 +182,7 @@ def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake
     progress = tmp_path / "progress.json"
     code = ("import sys; from pathlib import Path; from sandbox import spec; from sandbox.worker import run_trial; "
             "s = spec.from_dict({'model': 'fake', 'workload': {'name': 'long', 'meter_version': 1, "
-            "'concurrency': 1, 'num_prompts': 400, 'max_tokens': 64, 'ignore_eos': True, 'temperature': 0.0, "
+            "'concurrency': 1, 'num_prompts': 250, 'max_tokens': 64, 'ignore_eos': True, 'temperature': 0.0, "
             "'warmup_requests': 0, 'prompt_split': 'search'}}); "
             f"run_trial(s, Path({str(tmp_path / 'server.log')!r}), Path({str(progress)!r}), "
             f"launcher=({FAKE[0]!r},))")

@@ -6,18 +6,53 @@ from sandbox.workload import DATA, load_quality, load_workload, split_prompts
 
 
 PROFILES = ["challenge", "challenge-short", "challenge-cpu", "throughput", "throughput-cpu", "smoke"]
+TRAFFIC = ["default-cpu", "default", "chat-cpu"]
 
 
 @pytest.mark.parametrize("name", PROFILES)
-def test_shipped_profiles_load_greedy_with_their_prompt_count(name):
+def test_challenge_meters_stay_greedy_fixed_length_with_their_prompt_count(name):
     workload = load_workload(name)
-    assert len(workload.prompts()) == workload.num_prompts
-    assert workload.temperature == 0.0 and workload.ignore_eos
+    for repeat in range(2):
+        measured = workload.measured(repeat)
+        assert len(measured) == workload.num_prompts
+        assert all(r.body == {**r.body, "temperature": 0.0, "ignore_eos": True, "max_tokens": workload.max_tokens}
+                   for r in measured)
+
+
+@pytest.mark.parametrize("name", PROFILES + TRAFFIC)
+def test_no_request_reaches_one_server_twice_and_held_out_stays_apart(name):
+    """Warm-ups, every repeat's draw and the held-out draws are distinct requests: a server never
+    sees a request again that a cache could answer; a split too small is refused at load."""
+    w = load_workload(name)
+    w.check(repeats=2)
+    search = [r.key for r in w.warmups()] + [r.key for rep in range(2) for r in w.measured(rep)]
+    heldout = [r.key for rep in range(2) for r in w.with_split("heldout").measured(rep)]
+    assert len(set(search)) == len(search) and len(set(heldout)) == len(heldout)
+    assert not set(search) & set(heldout)
+    assert not {r.key for r in w.quality_requests(8)} & {r.key for r in w.pool("heldout")}
+
+
+def test_draws_are_the_same_for_every_load_and_differ_between_repeats():
+    a, b = load_workload("default-cpu"), load_workload("default-cpu")
+    assert [r.body for r in a.measured(1)] == [r.body for r in b.measured(1)]
+    assert {r.key for r in a.measured(0)}.isdisjoint({r.key for r in a.measured(1)})
+    # Sampled requests carry a seed from their key, so every config samples the same way.
+    assert all("seed" in r.body for r in a.measured(0) if r.sampled)
+
+
+def test_the_realistic_default_samples_and_stops_naturally():
+    every = [*load_workload("default-cpu").pool("search"), *load_workload("default-cpu").pool("heldout")]
+    assert len(every) >= 240
+    assert sum(r.sampled for r in every) / len(every) >= 0.5
+    assert not any(r.body.get("ignore_eos") for r in every)
+    assert len({r.max_tokens for r in every}) >= 5   # lengths spread, not one fixed length
+    chat = load_workload("chat-cpu")
+    assert chat.chat_template.endswith("gemma-chat.jinja") and all(r.endpoint == "chat" for r in chat.pool())
 
 
 def test_every_profile_and_split_has_its_own_hash():
-    hashes = [load_workload(n).with_split(s).hash for n in PROFILES for s in ("search", "heldout")]
-    assert len(set(hashes)) == len(hashes) == 2 * len(PROFILES)
+    hashes = [load_workload(n).with_split(s).hash for n in PROFILES + TRAFFIC for s in ("search", "heldout")]
+    assert len(set(hashes)) == len(hashes) == 2 * len(PROFILES + TRAFFIC)
 
 
 def test_challenge_meter_is_the_challenge_shape():
@@ -35,13 +70,12 @@ def test_hash_changes_with_any_field_and_with_the_split():
 
 def test_held_out_prompts_share_no_prompt_and_no_subject_with_search():
     search, held = set(split_prompts("search")), set(split_prompts("heldout"))
-    assert len(search) == 160 and len(held) == 48 and not search & held
+    assert len(search) == 320 and len(held) == 256 and not search & held
 
 
-def test_warmups_never_repeat_a_measured_prompt_in_shipped_profiles():
-    for path in (DATA / "workloads").glob("*.yaml"):
-        w = load_workload(path.stem)
-        assert not set(w.warmup_prompts()) & set(w.prompts()), path.stem
+def test_every_shipped_profile_loads():
+    names = sorted(p.stem for p in (DATA / "workloads").glob("*.yaml"))
+    assert names == sorted(PROFILES + TRAFFIC)
 
 
 @pytest.mark.parametrize("bad, needle", [
@@ -50,6 +84,9 @@ def test_warmups_never_repeat_a_measured_prompt_in_shipped_profiles():
     ({**load_workload("smoke").__dict__, "concurrency": "4"}, "concurrency"),
     ({**load_workload("smoke").__dict__, "prompt_split": "train"}, "train"),
     ({**load_workload("smoke").__dict__, "colour": 1}, "colour"),
+    ({**load_workload("smoke").__dict__, "max_tokens": None}, "max_tokens"),
+    ({**load_workload("default-cpu").__dict__, "max_tokens": 64}, "come from the traffic"),
+    ({**load_workload("default-cpu").__dict__, "traffic": "/nonexistent.jsonl"}, "is not a file"),
 ])
 def test_bad_profiles_are_refused_naming_the_field(bad, needle):
     with pytest.raises(ValueError, match=needle):

@@ -1,0 +1,334 @@
+"""The requests a meter sends: a user's traffic file, read, checked, hashed and split.
+
+Three formats, told apart by their first record:
+- OpenAI request bodies, one JSON object a line: completions (`prompt`) or chat (`messages`), each
+  with its own `max_tokens` (or `max_completion_tokens`), sampling and `stop`. vLLM's custom
+  dataset lines (`prompt` with `output_tokens`, `vllm bench serve --dataset-name custom`) are read
+  the same way, `output_tokens` as `max_tokens`.
+- ShareGPT conversations (a JSON array, or one object a line, of {"conversations": [{"from":
+  "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}), as `vllm bench serve
+  --dataset-name sharegpt` reads them: the first human turn is a completions prompt, and the
+  length of the first reply in the model's tokens is its `max_tokens`. A conversation without a
+  reply is skipped, as vLLM skips it (the count is reported).
+- A timestamped trace: OpenAI bodies with a `timestamp` each (seconds, in order). The requests are
+  used here; their timing is the arrival profile's (docs/traffic.md).
+
+Every field of the OpenAI schema is either sent as given, dropped because it cannot change what
+the server does (`model`, `user`, ...), or refused by name where the meter cannot honour it
+(`n` above 1, `stream: false`, tools, ...). A field outside the schema is an error, as is an
+empty file, a malformed line or an out-of-order timestamp: one line naming the file, the line and
+the value, before any server starts.
+
+The split is hashed: a request's key is the SHA-256 of what it sends, and one key in five (by that
+hash) is held out, so the split is the same on every host and for every config, and identical
+requests always land on the same side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HELDOUT_SHARE = 0.2   # of the distinct requests, by their hash
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+# Sent to the server as given, with the type each must have ((int, float): a number; str|list: stop).
+SENT = {
+    "max_tokens": int, "max_completion_tokens": int, "temperature": float, "top_p": float, "top_k": int,
+    "min_p": float, "seed": int, "stop": (str, list), "frequency_penalty": float, "presence_penalty": float,
+    "repetition_penalty": float, "logit_bias": dict, "logprobs": (int, bool), "top_logprobs": int,
+    "ignore_eos": bool, "min_tokens": int, "stop_token_ids": list, "response_format": dict,
+    "skip_special_tokens": bool, "include_stop_str_in_output": bool, "spaces_between_special_tokens": bool,
+}
+# Part of the schema but with no effect on how the server serves the request: dropped.
+DROPPED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "id", "request_id"}
+
+
+@dataclass(frozen=True)
+class Refused:
+    allowed: Callable[[Any], bool]
+    why: str
+
+
+# Part of the schema, but the meter cannot honour them as a user would send them.
+REFUSED = {
+    "n": Refused(lambda v: v == 1, "the meter sends one choice per request; write one line per request"),
+    "best_of": Refused(lambda v: v in (None, 1), "best_of above 1 is not served as one stream"),
+    "stream": Refused(lambda v: v is True, "the meter streams every request to time its tokens; stream: false "
+                                           "cannot be timed the same way"),
+    "echo": Refused(lambda v: not v, "echo returns the prompt, which the meter would count as output"),
+    "suffix": Refused(lambda v: v is None, "vLLM does not serve suffix"),
+    "tools": Refused(lambda v: not v, "tool calls need a tool parser the agent does not configure"),
+    "tool_choice": Refused(lambda v: v in (None, "none"), "tool calls need a tool parser"),
+    "functions": Refused(lambda v: not v, "function calls need a tool parser"),
+    "function_call": Refused(lambda v: v in (None, "none"), "function calls need a tool parser"),
+    "parallel_tool_calls": Refused(lambda v: v is None, "tool calls need a tool parser"),
+    "audio": Refused(lambda v: v is None, "audio output is not served by vLLM"),
+    "modalities": Refused(lambda v: v in (None, ["text"]), "only text output is served"),
+    "prediction": Refused(lambda v: v is None, "predicted outputs are not served by vLLM"),
+    "reasoning_effort": Refused(lambda v: v is None, "reasoning effort needs a reasoning parser"),
+    "web_search_options": Refused(lambda v: v is None, "web search is not served by vLLM"),
+}
+SHAREGPT_HUMAN, SHAREGPT_REPLY = ("human", "user"), ("gpt", "chatgpt", "assistant", "model", "bing", "bard")
+
+
+class TrafficError(ValueError):
+    """A traffic file the meter cannot use; the message names the file, the line and the value."""
+
+
+@dataclass(frozen=True)
+class Request:
+    endpoint: str                 # "completions" or "chat"
+    body: dict                    # what is sent, less model and streaming (the meter adds those)
+    line: int                     # where it came from (1-based; a ShareGPT array: the entry's index + 1)
+    timestamp: float | None = None
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps([self.endpoint, self.body], sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.body.get("max_tokens", self.body.get("max_completion_tokens"))
+
+    @property
+    def sampled(self) -> bool:
+        """Sampled, not greedy: a temperature above 0 (absent: the server's default, which samples)."""
+        return self.body.get("temperature", 1.0) > 0
+
+    def text(self) -> str:
+        """The prompt's text (chat: the messages' contents), for token counts."""
+        if self.endpoint == "completions":
+            prompt = self.body["prompt"]
+            return prompt if isinstance(prompt, str) else ""
+        return "\n".join(str(m.get("content") or "") for m in self.body["messages"])
+
+
+@dataclass(frozen=True)
+class Traffic:
+    path: str
+    format: str                   # openai, sharegpt or trace
+    requests: tuple[Request, ...]
+    file_hash: str                # SHA-256 of the file's bytes (first 16 hex digits)
+    skipped: int = 0              # ShareGPT conversations with no reply
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def split(self, name: str) -> list[Request]:
+        """The split's requests in a fixed order (by key), whatever the file's order."""
+        if name not in ("search", "heldout"):
+            raise ValueError(f"split {name!r} is not search or heldout")
+        chosen = [r for r in self.requests if (split_of(r.key) == name)]
+        return sorted(chosen, key=lambda r: (r.key, r.line))
+
+    def summary(self) -> dict:
+        """What the ledger and a branch may carry about the traffic: hashes and statistics, no text."""
+        out = {"file": Path(self.path).name, "format": self.format, "file_hash": self.file_hash,
+               "requests": len(self.requests), "skipped": self.skipped}
+        for name in ("search", "heldout"):
+            part = self.split(name)
+            out[name] = {"requests": len(part), "hash": keys_hash(part)}
+        n = len(self.requests) or 1
+        out["sampled_share"] = round(sum(r.sampled for r in self.requests) / n, 3)
+        out["natural_stop_share"] = round(sum(not r.body.get("ignore_eos") for r in self.requests) / n, 3)
+        out["chat_share"] = round(sum(r.endpoint == "chat" for r in self.requests) / n, 3)
+        return out
+
+
+def split_of(key: str) -> str:
+    return "heldout" if int(key, 16) % 1000 < HELDOUT_SHARE * 1000 else "search"
+
+
+def keys_hash(requests: list[Request]) -> str:
+    return hashlib.sha256(",".join(r.key for r in requests).encode()).hexdigest()[:16]
+
+
+def _number(where: str, name: str, value: Any, kind: Any) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if bool not in kinds and isinstance(value, bool) or not isinstance(value, kinds):
+        names = "/".join("number" if k is float else k.__name__ for k in kinds)
+        raise TrafficError(f"{where}: {name} is {value!r}, not a {names}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TrafficError(f"{where}: {name} is {value!r}")
+    return value
+
+
+def _check_value(where: str, name: str, value: Any) -> None:
+    bounds = {"max_tokens": (1, 10**7), "max_completion_tokens": (1, 10**7), "temperature": (0, 100),
+              "top_p": (1e-9, 1), "top_k": (-1, 10**7), "min_p": (0, 1), "min_tokens": (0, 10**7),
+              "logprobs": (0, 20), "top_logprobs": (0, 20), "seed": (-2**63, 2**63 - 1)}
+    if name in bounds and not isinstance(value, bool):
+        low, high = bounds[name]
+        if not low <= value <= high:
+            raise TrafficError(f"{where}: {name} is {value!r}, outside [{low}, {high}]")
+    if name == "stop" and isinstance(value, list) and not all(isinstance(s, str) for s in value):
+        raise TrafficError(f"{where}: stop is {value!r}, not a string or a list of strings")
+
+
+def _messages(where: str, value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise TrafficError(f"{where}: messages is {str(value)[:60]!r}, not a non-empty list")
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            raise TrafficError(f"{where}: messages[{i}] is {str(m)[:60]!r}, not a {{role, content}} object")
+        content = m["content"]
+        if not isinstance(content, str) and not (isinstance(content, list) and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content)):
+            raise TrafficError(f"{where}: messages[{i}].content is {str(content)[:60]!r}: only text content is served")
+    return value
+
+
+def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None = None) -> Request:
+    """One OpenAI body (or vLLM custom-dataset line), checked field by field."""
+    if not isinstance(raw, dict):
+        raise TrafficError(f"{where}: {str(raw)[:60]!r} is not a JSON object")
+    raw = dict(raw)
+    timestamp = raw.pop("timestamp", None)
+    if "output_tokens" in raw:   # vLLM's custom dataset
+        if "max_tokens" in raw:
+            raise TrafficError(f"{where}: both output_tokens and max_tokens")
+        raw["max_tokens"] = raw.pop("output_tokens")
+    if ("prompt" in raw) == ("messages" in raw):
+        raise TrafficError(f"{where}: a request needs exactly one of prompt (completions) or messages (chat)")
+    body: dict = {}
+    if "prompt" in raw:
+        endpoint, prompt = "completions", raw.pop("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            body["prompt"] = prompt
+        elif isinstance(prompt, str) and prompt:
+            body["prompt"] = prompt
+        else:
+            raise TrafficError(f"{where}: prompt is {str(prompt)[:60]!r}, not a non-empty string or list of token ids "
+                               f"(a list of prompts is several requests: one line each)")
+    else:
+        endpoint = "chat"
+        body["messages"] = _messages(where, raw.pop("messages"))
+    for name, value in raw.items():
+        if name in DROPPED:
+            continue
+        if name in REFUSED:
+            if not REFUSED[name].allowed(value):
+                raise TrafficError(f"{where}: {name}: {str(value)[:60]!r} is refused: {REFUSED[name].why}")
+            continue
+        if name not in SENT:
+            raise TrafficError(f"{where}: field {name!r} is not an OpenAI request field the meter knows")
+        if value is None:
+            continue
+        value = _number(where, name, value, SENT[name])
+        _check_value(where, name, value)
+        body[name] = value
+    if endpoint == "completions" and "max_completion_tokens" in body:
+        raise TrafficError(f"{where}: max_completion_tokens is a chat field; completions take max_tokens")
+    if "max_tokens" not in body and "max_completion_tokens" not in body:
+        if default_max_tokens is None:
+            raise TrafficError(f"{where}: no max_tokens: the meter bounds every request (give max_tokens)")
+        body["max_tokens"] = default_max_tokens
+    if timestamp is not None:
+        timestamp = _number(where, "timestamp", timestamp, float)
+    return Request(endpoint, body, line, timestamp)
+
+
+def _records(path: Path) -> tuple[list[tuple[int, Any]], str]:
+    """(line, record) pairs from a JSON array or JSON lines; a malformed line is named."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TrafficError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise TrafficError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text.strip():
+        raise TrafficError(f"{path}: the file is empty: no requests")
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TrafficError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        return [(i + 1, item) for i, item in enumerate(items)], "array"
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((number, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise TrafficError(f"{path}:{number}: not a JSON object ({e.msg}): {line[:60]!r}") from None
+    return out, "lines"
+
+
+def _sharegpt(path: Path, records: list[tuple[int, Any]], count_tokens: Callable[[str], int] | None,
+              ) -> tuple[list[Request], int]:
+    if count_tokens is None:
+        raise TrafficError(f"{path}: a ShareGPT file needs the model's tokenizer (its replies' lengths are the "
+                           f"requests' max_tokens)")
+    requests, skipped = [], 0
+    for line, item in records:
+        where = f"{path}:{line}"
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list) or not all(isinstance(t, dict) and isinstance(t.get("value"), str)
+                                                   for t in turns):
+            raise TrafficError(f"{where}: conversations is {str(turns)[:60]!r}, not a list of {{from, value}} turns")
+        if len(turns) < 2:   # vLLM's ShareGPTDataset drops these too
+            skipped += 1
+            continue
+        prompt, reply = turns[0]["value"], turns[1]["value"]
+        if turns[0].get("from") not in SHAREGPT_HUMAN:
+            raise TrafficError(f"{where}: the first turn is from {turns[0].get('from')!r}, not a human turn")
+        if not prompt:
+            raise TrafficError(f"{where}: the first turn is empty")
+        requests.append(Request("completions", {"prompt": prompt, "max_tokens": max(1, count_tokens(reply))}, line))
+    return requests, skipped
+
+
+def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
+         default_max_tokens: int | None = None) -> Traffic:
+    """A traffic file, every request checked. count_tokens (the model's tokenizer) is needed for
+    ShareGPT; default_max_tokens bounds requests that give none (None: such a request is an error)."""
+    path = Path(path)
+    records, shape = _records(path)
+    if not records:
+        raise TrafficError(f"{path}: the file is empty: no requests")
+    first = records[0][1]
+    is_sharegpt = isinstance(first, dict) and "conversations" in first
+    skipped = 0
+    if is_sharegpt:
+        fmt = "sharegpt"
+        requests, skipped = _sharegpt(path, records, count_tokens)
+    else:
+        requests = [request_from(raw, f"{path}:{line}", line, default_max_tokens) for line, raw in records]
+        stamped = [r.timestamp is not None for r in requests]
+        fmt = "trace" if any(stamped) else "openai"
+        if fmt == "trace":
+            if not all(stamped):
+                r = requests[stamped.index(False)]
+                raise TrafficError(f"{path}:{r.line}: no timestamp, though other requests of this trace have one")
+            for a, b in zip(requests, requests[1:]):
+                if b.timestamp < a.timestamp:
+                    raise TrafficError(f"{path}:{b.line}: timestamp {b.timestamp} is before line {a.line}'s "
+                                       f"{a.timestamp}: a trace's requests must be in time order")
+    if not requests:
+        raise TrafficError(f"{path}: no usable request ({skipped} conversation(s) without a reply)")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    notes = (f"{skipped} conversation(s) without a reply skipped, as vllm bench serve skips them",) if skipped else ()
+    return Traffic(str(path), fmt, tuple(requests), digest, skipped, notes)
+
+
+def seeded(request: Request) -> Request:
+    """A sampled request without its own seed gets one from its key: every config draws the same."""
+    if request.sampled and "seed" not in request.body:
+        return Request(request.endpoint, {**request.body, "seed": int(request.key[:8], 16)}, request.line,
+                       request.timestamp)
+    return request
+
+
+def draw(pool: list[Request], start: int, count: int, where: str) -> list[Request]:
+    """count requests from position start of a split's fixed order; never wraps: a request measured
+    twice on one server could be served from a cache."""
+    if start + count > len(pool):
+        raise TrafficError(f"{where}: needs {start + count} distinct requests, the split has {len(pool)}")
+    return pool[start:start + count]
