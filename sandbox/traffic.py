@@ -9,9 +9,11 @@ Three formats, told apart by their first record:
   "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}), as `vllm bench serve
   --dataset-name sharegpt` reads them: the first human turn is a completions prompt, and the
   length of the first reply in the model's tokens is its `max_tokens`. A conversation without a
-  reply is skipped, as vLLM skips it (the count is reported).
-- A timestamped trace: OpenAI bodies with a `timestamp` each (seconds, in order). The requests are
-  used here; their timing is the arrival profile's (docs/traffic.md).
+  reply, or outside vLLM's length rule (`sharegpt_kept`), is skipped as vLLM skips it (the count
+  is reported).
+- A timestamped trace: OpenAI bodies with a `timestamp` each (seconds, in order; vLLM's timed-trace
+  `output_length` is read as `max_tokens`, its `input_length` and `hash_ids` are left, since the
+  line's own prompt is sent). The requests are used here; their timing is the arrival profile's.
 
 Every field of the OpenAI schema is either sent as given, dropped because it cannot change what
 the server does (`model`, `user`, ...), or refused by name where the meter cannot honour it
@@ -46,7 +48,8 @@ SENT = {
     "skip_special_tokens": bool, "include_stop_str_in_output": bool, "spaces_between_special_tokens": bool,
 }
 # Part of the schema but with no effect on how the server serves the request: dropped.
-DROPPED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "id", "request_id"}
+DROPPED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "id", "request_id",
+           "input_length", "hash_ids"}   # the last two: vLLM's timed-trace fields (the prompt is the line's own)
 
 
 @dataclass(frozen=True)
@@ -190,10 +193,11 @@ def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None
         raise TrafficError(f"{where}: {str(raw)[:60]!r} is not a JSON object")
     raw = dict(raw)
     timestamp = raw.pop("timestamp", None)
-    if "output_tokens" in raw:   # vLLM's custom dataset
-        if "max_tokens" in raw:
-            raise TrafficError(f"{where}: both output_tokens and max_tokens")
-        raw["max_tokens"] = raw.pop("output_tokens")
+    for alias in ("output_tokens", "output_length"):   # vLLM's custom dataset; its timed trace
+        if alias in raw:
+            if "max_tokens" in raw:
+                raise TrafficError(f"{where}: both {alias} and max_tokens")
+            raw["max_tokens"] = raw.pop(alias)
     if ("prompt" in raw) == ("messages" in raw):
         raise TrafficError(f"{where}: a request needs exactly one of prompt (completions) or messages (chat)")
     body: dict = {}
@@ -214,7 +218,7 @@ def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None
             continue
         if name in REFUSED:
             if not REFUSED[name].allowed(value):
-                raise TrafficError(f"{where}: {name}: {str(value)[:60]!r} is refused: {REFUSED[name].why}")
+                raise TrafficError(f"{where}: {name}: {json.dumps(value)[:60]} is refused: {REFUSED[name].why}")
             continue
         if name not in SENT:
             raise TrafficError(f"{where}: field {name!r} is not an OpenAI request field the meter knows")
@@ -281,8 +285,18 @@ def _sharegpt(path: Path, records: list[tuple[int, Any]], count_tokens: Callable
             raise TrafficError(f"{where}: the first turn is from {turns[0].get('from')!r}, not a human turn")
         if not prompt:
             raise TrafficError(f"{where}: the first turn is empty")
-        requests.append(Request("completions", {"prompt": prompt, "max_tokens": max(1, count_tokens(reply))}, line))
+        prompt_len, output_len = count_tokens(prompt), count_tokens(reply)
+        if not sharegpt_kept(prompt_len, output_len):
+            skipped += 1
+            continue
+        requests.append(Request("completions", {"prompt": prompt, "max_tokens": output_len}, line))
     return requests, skipped
+
+
+def sharegpt_kept(prompt_len: int, output_len: int) -> bool:
+    """vLLM's rule for ShareGPT conversations (vllm.benchmarks.datasets.is_valid_sequence): a prompt
+    and a reply of at least 4 tokens, a prompt of at most 1024 and both of at most 2048."""
+    return prompt_len >= 4 and output_len >= 4 and prompt_len <= 1024 and prompt_len + output_len <= 2048
 
 
 def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
@@ -314,7 +328,8 @@ def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
     if not requests:
         raise TrafficError(f"{path}: no usable request ({skipped} conversation(s) without a reply)")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    notes = (f"{skipped} conversation(s) without a reply skipped, as vllm bench serve skips them",) if skipped else ()
+    notes = (f"{skipped} conversation(s) without a reply or outside vLLM's length rule skipped, as vllm bench "
+             f"serve skips them",) if skipped else ()
     return Traffic(str(path), fmt, tuple(requests), digest, skipped, notes)
 
 

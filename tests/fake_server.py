@@ -16,8 +16,10 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-MODE = os.environ.get("FAKE_MODE", "ok")
+MODE = os.environ.get("FAKE_MODE", "ok")   # memo: a body seen before is answered at once (a cross-request cache)
+TOKEN_S = float(os.environ.get("FAKE_TOKEN_S", "0.002"))
 VOCAB = 1000
+SEEN: set[str] = set()
 
 
 def token_ids(text: str) -> list[int]:
@@ -57,8 +59,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/tokenize":
             ids = ([2] if body.get("add_special_tokens") else []) + token_ids(body["prompt"])
             self.send(200, {"tokens": ids, "count": len(ids)})
-        elif self.path == "/v1/completions" and body.get("stream"):
-            self.stream(body)
+        elif self.path in ("/v1/completions", "/v1/chat/completions") and body.get("stream"):
+            self.stream(body, chat=self.path.endswith("chat/completions"))
         elif self.path == "/v1/completions":
             self.complete(body)
         else:
@@ -78,14 +80,20 @@ class Handler(BaseHTTPRequestHandler):
                                   "top_logprobs": [dict(top) for _ in range(body.get("max_tokens", 1))]}
         self.send(200, {"choices": [choice]})
 
-    def stream(self, body: dict) -> None:
+    def stream(self, body: dict, chat: bool = False) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        n = body["max_tokens"] - (1 if MODE == "short" else 0)
-        for _ in range(n):
-            time.sleep(0.002)
-            self.wfile.write(f"data: {json.dumps({'choices': [{'index': 0, 'text': ' w'}]})}\n\n".encode())
+        n = body.get("max_tokens", body.get("max_completion_tokens", 1)) - (1 if MODE == "short" else 0)
+        key = json.dumps(body, sort_keys=True)
+        cached = MODE == "memo" and key in SEEN
+        SEEN.add(key)
+        for i in range(n):
+            if not cached:
+                time.sleep(TOKEN_S)
+            choice = {"index": 0, **({"delta": {"content": " w"}} if chat else {"text": " w"}),
+                      **({"finish_reason": "length"} if i == n - 1 else {})}
+            self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
             self.wfile.flush()
         usage = {"choices": [], "usage": {"completion_tokens": n, "prompt_tokens": 5}}
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())

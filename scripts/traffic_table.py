@@ -1,0 +1,118 @@
+"""The same configs measured side by side, in one run, on the challenge meter, the realistic default
+and the chat example: what the meter choice does to a config's ratio.
+
+    .venv/bin/python scripts/traffic_table.py                    # CPU: defaults, core binding, binding + ngram
+    python3 scripts/traffic_table.py --gpu                       # GPU: defaults, ngram, ngram_gpu with async scheduling
+
+One fresh server per config (the space's fixed flags, the workloads' context length, the shipped
+Gemma chat template); on it, for each workload, its warm-ups, then `--repeats` measured phases of
+fresh requests through the trial's own meter (sandbox.worker._measure). Prints one table with each
+config's TPS ratio to the defaults per workload, speculative acceptance, TTFT and ITL p99, and how
+the requests ended; writes it and rows.jsonl under runs/traffic-table/<stamp>/. A server instance is
+the unit of noise (±3-8% here, ±10% on the H200): a ratio within that says nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sandbox import bench, worker  # noqa: E402
+from sandbox.server import Server  # noqa: E402
+from sandbox.workload import DATA, load_workload  # noqa: E402
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+CPU = {
+    "fixed": ({"max-model-len": 2048}, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_USE_AOT_COMPILE": "0"}),
+    "configs": {"defaults": ({}, {}),
+                "binding": ({}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}),
+                "binding+ngram": ({"speculative-config": NGRAM}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"})},
+    "workloads": ["challenge-cpu", "default-cpu", "chat-cpu"],
+}
+GPU = {
+    "fixed": ({"max-model-len": 4096}, {}),
+    "configs": {"defaults": ({}, {}),
+                "ngram": ({"speculative-config": NGRAM}, {}),
+                "ngram_gpu+async": ({"speculative-config": {**NGRAM, "method": "ngram_gpu"}, "async-scheduling": True},
+                                    {})},
+    "workloads": ["challenge-short", "default", "chat-cpu"],
+}
+
+
+def argv(flags: dict) -> list[str]:
+    out = []
+    for name, value in flags.items():
+        out += [f"--{name}"] if value is True else [f"--{name}", json.dumps(value) if isinstance(value, dict) else str(value)]
+    return out
+
+
+def measure(server: Server, name: str, repeats: int) -> dict:
+    w = load_workload(name)
+    asyncio.run(bench.run_requests(server.base_url, server.model_name, w.warmups(), w.concurrency, 900))
+    runs = [asyncio.run(worker._measure(server, w, w.measured(r), bench.bench_deadline_s(w))) for r in range(repeats)]
+    tps = [b.tps for b, _ in runs]
+    finish: dict[str, int] = {}
+    for b, _ in runs:
+        for k, v in b.finish.items():
+            finish[k] = finish.get(k, 0) + v
+    drafted = sum(m.get("spec_draft_tokens") or 0 for _, m in runs)
+    accepted = sum(m.get("spec_accepted_tokens") or 0 for _, m in runs)
+    return {"workload": name, "tps": round(statistics.median(tps), 3), "repeats_tps": tps,
+            "acceptance": round(accepted / drafted, 3) if drafted else None,
+            "ttft_p99_ms": max(b.ttft_ms.get("p99", 0) for b, _ in runs),
+            "itl_p99_ms": max(b.itl_ms.get("p99", 0) for b, _ in runs), "finish": finish,
+            "errors": sum(b.errors for b, _ in runs)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="store_true", help="the GPU configs and workloads")
+    parser.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--only", help="comma-separated config names")
+    args = parser.parse_args()
+    plan = GPU if args.gpu else CPU
+    out = ROOT / "runs" / "traffic-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True)
+    fixed_flags, fixed_env = plan["fixed"]
+    rows = []
+    for config, (flags, env) in plan["configs"].items():
+        if args.only and config not in args.only.split(","):
+            continue
+        server = Server(args.model, argv({**fixed_flags, **flags}) + ["--chat-template", str(DATA / "traffic" / "gemma-chat.jinja")],
+                        {**fixed_env, **env}, out / f"{config}.server.log")
+        try:
+            server.start()
+            server.wait_ready(900)
+            for name in plan["workloads"]:
+                row = {"config": config, **measure(server, name, args.repeats)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                with open(out / "rows.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+        finally:
+            server.stop(30)
+    base = {r["workload"]: r["tps"] for r in rows if r["config"] == "defaults"}
+    lines = ["| config | workload | tok/s | ratio | acceptance | TTFT p99 ms | ITL p99 ms | ended (eos/stop/length) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['tps'] / base[r['workload']]:.3f}x" if base.get(r["workload"]) else "-"
+        ended = "/".join(str(r["finish"].get(k, 0)) for k in ("eos", "stop", "length"))
+        lines.append(f"| {r['config']} | {r['workload']} | {r['tps']:.2f} | {ratio} | {r['acceptance'] if r['acceptance'] is not None else '-'} "
+                     f"| {r['ttft_p99_ms']:.0f} | {r['itl_p99_ms']:.0f} | {ended} |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

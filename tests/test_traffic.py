@@ -1,0 +1,213 @@
+"""Traffic files: the formats users bring, read as vLLM's own benchmark loaders read them; the
+hashed split; bad input named by file and line; and a meter no config can win by replay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox import bench
+from sandbox.traffic import TrafficError, load, sharegpt_kept, split_of
+from sandbox.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = ROOT / "tests" / "fake_server.py"
+
+
+class WordTokenizer:
+    """The tokenizer seam both loaders share (vLLM's datasets call tokenizer(text).input_ids)."""
+
+    class _Out:
+        def __init__(self, ids):
+            self.input_ids = ids
+
+    def __call__(self, text: str):
+        return self._Out(list(range(len(text.split()))))
+
+
+def count(text: str) -> int:
+    return len(WordTokenizer()(text).input_ids)
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def sharegpt_rows(n: int) -> list[dict]:
+    rows = [{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"please tell me about topic number {i} in a few words"},
+        {"from": "gpt", "value": " ".join(["word"] * (5 + 3 * i))},
+        {"from": "human", "value": "thanks"}]} for i in range(n)]
+    rows.append({"id": "no-reply", "conversations": [{"from": "human", "value": "hello there my friend"}]})
+    rows.append({"id": "short", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a b c d e"}]})
+    return rows
+
+
+# ---- vLLM's own loaders read the same requests -------------------------------------------------
+
+def test_sharegpt_is_read_as_vllm_bench_serve_reads_it(tmp_path):
+    datasets = pytest.importorskip("vllm.benchmarks.datasets")
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(sharegpt_rows(12)))
+    theirs = datasets.ShareGPTDataset(dataset_path=str(path), random_seed=0, disable_shuffle=True).sample(
+        tokenizer=WordTokenizer(), num_requests=100, no_oversample=True)
+    ours = load(path, count_tokens=count)
+    assert ours.format == "sharegpt" and ours.skipped == 2   # no reply; a 1-word prompt (vLLM's rule)
+    assert [(r.body["prompt"], r.max_tokens) for r in ours.requests] == \
+        [(s.prompt, s.expected_output_len) for s in theirs]
+    assert all(r.endpoint == "completions" for r in ours.requests)
+    assert not sharegpt_kept(3, 10) and not sharegpt_kept(10, 3) and not sharegpt_kept(1025, 10)
+
+
+def test_custom_dataset_lines_are_read_as_vllm_reads_them(tmp_path):
+    datasets = pytest.importorskip("vllm.benchmarks.datasets")
+    pytest.importorskip("pandas")
+    path = write_jsonl(tmp_path / "custom.jsonl", [{"prompt": f"What is the capital of country {i}?",
+                                                    "output_tokens": 10 + i} for i in range(9)])
+    theirs = datasets.CustomDataset(dataset_path=str(path), random_seed=0, disable_shuffle=True).sample(
+        tokenizer=WordTokenizer(), num_requests=9, skip_chat_template=True, no_oversample=True)
+    ours = load(path)
+    assert [(r.body["prompt"], r.max_tokens) for r in ours.requests] == \
+        [(s.prompt, s.expected_output_len) for s in theirs]
+
+
+def test_a_trace_is_read_with_the_timing_vllm_reads_from_it(tmp_path):
+    """One file, both loaders: vLLM's timed trace reads timestamp, input_length and output_length (and
+    makes up prompt tokens from hash_ids); ours reads the same timestamps and output lengths, and
+    sends the line's own prompt."""
+    datasets = pytest.importorskip("vllm.benchmarks.datasets.datasets")
+    trace = write_jsonl(tmp_path / "trace.jsonl", [
+        {"timestamp": 0.5 * i, "prompt": f"request {i} " * 3, "input_length": 6, "output_length": 8 + i,
+         "hash_ids": [i]} for i in range(6)])
+    theirs = datasets.TimedTrace(dataset_path=str(trace), random_seed=0, timed_trace_label_timestamp="timestamp",
+                                 timed_trace_label_input_length="input_length",
+                                 timed_trace_label_output_length="output_length",
+                                 timed_trace_label_hash_ids="hash_ids").sample(tokenizer=FakeVocab(), num_requests=6)
+    ours = load(trace)
+    assert ours.format == "trace" and len(theirs) == 6
+    assert [(r.timestamp, r.max_tokens) for r in ours.requests] == [(s.timestamp, s.expected_output_len) for s in theirs]
+    bare = write_jsonl(tmp_path / "bare.jsonl", [{"timestamp": 0, "input_length": 6, "output_length": 8}])
+    with pytest.raises(TrafficError, match=":1: a request needs exactly one of prompt"):
+        load(bare)   # lengths alone: the meter sends real requests, not made-up tokens
+
+
+class FakeVocab(WordTokenizer):
+    all_special_ids = [0]
+
+    def get_vocab(self):
+        return {f"t{i}": i for i in range(50)}
+
+
+# ---- Formats, fields, the split -----------------------------------------------------------------
+
+def test_openai_bodies_completions_and_chat_keep_their_own_parameters(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        {"model": "ignored", "prompt": "Once", "max_tokens": 40, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
+         "stop": ["\n"], "seed": 3, "user": "u1", "n": 1, "stream": True},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+         "max_completion_tokens": 16, "temperature": 0},
+    ])
+    t = load(path)
+    first, second = t.requests
+    assert first.endpoint == "completions" and first.body == {"prompt": "Once", "max_tokens": 40, "temperature": 0.7,
+                                                              "top_p": 0.9, "top_k": 20, "stop": ["\n"], "seed": 3}
+    assert second.endpoint == "chat" and second.max_tokens == 16 and not second.sampled
+    body = bench.request_body("m", first)
+    assert body["stream"] is True and body["model"] == "m" and body["top_k"] == 20
+
+
+def test_the_split_is_by_hash_so_identical_requests_share_a_side(tmp_path):
+    rows = [{"prompt": f"p{i}", "max_tokens": 8} for i in range(300)] + [{"prompt": "p7", "max_tokens": 8}]
+    t = load(write_jsonl(tmp_path / "t.jsonl", rows))
+    search, heldout = t.split("search"), t.split("heldout")
+    assert len(search) + len(heldout) == 301 and 30 < len(heldout) < 90
+    sevens = [r for r in [*search, *heldout] if r.body["prompt"] == "p7"]
+    assert len(sevens) == 2 and len({split_of(r.key) for r in sevens}) == 1
+    # The same file in another order splits the same way.
+    again = load(write_jsonl(tmp_path / "u.jsonl", list(reversed(rows))))
+    assert [r.key for r in again.split("heldout")] == [r.key for r in heldout]
+    assert t.summary()["heldout"]["hash"] == again.summary()["heldout"]["hash"]
+    assert "p7" not in json.dumps(t.summary())   # hashes and shares, never text
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("", "the file is empty"),
+    ('{"prompt": "a", "max_tokens": 4}\n{"prompt": "b", "max_tokens": 4\n', ":2: not a JSON object"),
+    ('{"prompt": "a", "max_tokens": 4, "colour": "red"}\n', ":1: field 'colour' is not an OpenAI request field"),
+    ('{"prompt": "a", "max_tokens": 4, "n": 2}\n', ":1: n: 2 is refused"),
+    ('{"prompt": "a", "max_tokens": 4, "stream": false}\n', ":1: stream: false is refused"),
+    ('{"prompt": "a"}\n', ":1: no max_tokens"),
+    ('{"prompt": "a", "max_tokens": "lots"}\n', ":1: max_tokens is 'lots'"),
+    ('{"prompt": "a", "max_tokens": 4, "temperature": -1}\n', ":1: temperature is -1.0, outside"),
+    ('{"prompt": "a", "messages": [], "max_tokens": 4}\n', ":1: a request needs exactly one of prompt"),
+    ('{"messages": [{"role": "user"}], "max_tokens": 4}\n', ":1: messages[0]"),
+    ('{"prompt": "a", "max_tokens": 4, "timestamp": 2}\n{"prompt": "b", "max_tokens": 4, "timestamp": 1}\n',
+     ":2: timestamp 1.0 is before line 1's 2.0"),
+    ('{"prompt": "a", "max_tokens": 4, "timestamp": 2}\n{"prompt": "b", "max_tokens": 4}\n', ":2: no timestamp"),
+])
+def test_bad_traffic_is_one_line_naming_file_line_and_value(tmp_path, content, needle):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(TrafficError) as e:
+        load(path)
+    assert needle in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_file_too_small_for_a_sound_split_names_the_minimum(tmp_path):
+    path = write_jsonl(tmp_path / "small.jsonl", [{"prompt": f"p{i}", "max_tokens": 8} for i in range(20)])
+    w = load_workload({**load_workload("default-cpu").as_dict(), "traffic": str(path)})
+    with pytest.raises(TrafficError, match=r"20 requests split into .* need at least 13 search .* and 12 held-out"):
+        w.check(repeats=2)
+
+
+# ---- A meter no config can win by replay ---------------------------------------------------------
+
+def test_a_server_that_memoizes_responses_gains_on_replayed_requests_and_not_on_fresh_draws(tmp_path):
+    """The stand-in answers a body it has seen at once and streams a new one at a fixed pace. The old
+    meter (the same requests every repeat, the median kept) reads it as much faster than an honest
+    server; the traffic meter, whose repeats draw fresh requests, reads both the same."""
+    w = load_workload({**load_workload("smoke").as_dict(), "num_prompts": 3, "max_tokens": 12})
+
+    def phases(memo: bool, replay: bool) -> float:
+        port = 18600 + int(memo) * 2 + int(replay)
+        env = {**os.environ, "FAKE_MODE": "memo" if memo else "ok", "FAKE_TOKEN_S": "0.02"}
+        proc = subprocess.Popen([sys.executable, str(FAKE), "--model", "m", "--host", "127.0.0.1", "--port", str(port)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_up(url)
+            tps = []
+            for repeat in range(3):
+                requests = w.measured(0 if replay else repeat)
+                results, wall = asyncio.run(bench.run_requests(url, "fake-model", requests, 1, 60))
+                tps.append(bench.summarize(results, wall, requests).tps)
+            return sorted(tps)[1]
+        finally:
+            proc.kill()
+            proc.wait()
+
+    old_gain = phases(memo=True, replay=True) / phases(memo=False, replay=True)
+    new_gain = phases(memo=True, replay=False) / phases(memo=False, replay=False)
+    assert old_gain > 3, old_gain
+    assert 0.8 < new_gain < 1.25, new_gain
+
+
+def wait_up(url: str) -> None:
+    import httpx
+
+    for _ in range(100):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never came up")
