@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -294,6 +295,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         meter.check(settings["repeats"])
         longest = traffics.check_against_model(requests, tokens, where)
     except TrafficError as e:
+        shutil.rmtree(home / run_id, ignore_errors=True)   # the copy of a run that never started
         raise fail(f"--traffic: {e}" if traffic else f"--workload: {e}") from None
     context = traffics.context_length(longest, quality_set, tokens.limit)
     space = space.with_fixed_flag("max-model-len", context)

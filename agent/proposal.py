@@ -20,6 +20,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
     config = "# Serving config proposed by agent; see results.json for how it was measured.\n"
     config += yaml.safe_dump(trial.flags, sort_keys=False)
     exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(trial.env.items()))
+    template = ((run.settings or {}).get("workload_spec") or {}).get("chat_template")   # served as measured
     launch = (
         "#!/bin/sh\n"
         f"# Serve the proposed config (run {run.id}, trial {trial.number}). MODEL overrides the model.\n"
@@ -28,6 +29,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         'here=$(cd "$(dirname "$0")" && pwd)\n'
         f'exec python -m vllm.entrypoints.openai.api_server --model "${{MODEL:-{run.model}}}" '
         + (f"--revision {run.model_revision} " if run.model_revision else "")
+        + (f"--chat-template {shlex.quote(template)} " if template else "")
         + '--config "$here/config.yaml" "$@"\n'
     )
     results = {
@@ -67,5 +69,16 @@ def message(run: Run, trial: Trial) -> str:
             f"greedy agreement {trial.agreement:.0%}{flips}")
     changed = ", ".join(f"{k}={v}" for k, v in trial.params.items())
     body = f"\n\nChanged: {changed}\n" + (f"Why: {trial.rationale}\n" if trial.rationale else "")
+    body += f"Measured on: {traffic_line(trial.meter or {})}\n"
     trailers = f"\nAgent-Run: {run.id}\nAgent-Trial: {trial.number}\nAgent-Source: {trial.source}\n"
     return head + body + trailers
+
+
+def traffic_line(meter: dict) -> str:
+    """The traffic a claim was measured on, by hash and shares: never a prompt."""
+    traffic = meter.get("traffic") or {}
+    source = (f"{traffic.get('file')} (sha256 {traffic.get('file_hash')}, {traffic.get('requests')} requests)"
+              if traffic else "the shipped prompt templates")
+    return (f"{meter.get('name')} meter v{meter.get('meter_version')}, {source}, {meter.get('split', 'search')} split "
+            f"{meter.get('split_hash')}, {meter.get('sampled_share', 0):.0%} sampled, "
+            f"{meter.get('ignore_eos_share', 0):.0%} ignore_eos")

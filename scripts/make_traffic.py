@@ -103,7 +103,7 @@ def chat_traffic() -> list[dict]:
             + [q for q in QUESTIONS] + [f"Translate into French: {e}" for e in ENGLISH])
     rows = []
     for ask in asks:
-        row = {"messages": [{"role": "user", "content": ask}], "max_completion_tokens": rng.choice([48, 64, 96, 128])}
+        row = {"messages": [{"role": "user", "content": ask}], "max_completion_tokens": rng.choice([32, 48, 64, 96])}
         if rng.random() < 0.6:
             row.update(temperature=rng.choice([0.7, 1.0]), top_p=0.95)
         else:

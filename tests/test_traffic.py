@@ -211,3 +211,47 @@ def wait_up(url: str) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError(f"{url} never came up")
+
+
+# ---- agent run --traffic: bad input stops the run before anything is written ----------------------
+
+def agent_run(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", "run", "--budget", "5m", *args],
+                          env={**os.environ, "AGENT_HOME": str(home), "COLUMNS": "300"},
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def no_run_written(home: Path) -> bool:
+    from agent.ledger import Ledger
+
+    db = home / "ledger.sqlite"
+    return not db.exists() or not Ledger(db).runs()
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"prompt": "a", "max_tokens": 4}\n{"prompt": "b", "max_tokens": 4, "colour": 1}\n', ":2: field 'colour'"),
+    ("", "the file is empty"),
+])
+def test_run_with_a_malformed_traffic_file_stops_with_one_line(tmp_path, content, needle):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    proc = agent_run(tmp_path / "home", "--traffic", str(bad))
+    assert proc.returncode == 2
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --traffic: ") and needle in lines[0] and str(bad) in lines[0]
+    assert no_run_written(tmp_path / "home")
+
+
+def test_run_refuses_requests_beyond_the_models_context_and_chat_without_a_template(tmp_path, embedded_model):
+    rows = [{"prompt": f"p{i}", "max_tokens": 8} for i in range(80)]
+    long = write_jsonl(tmp_path / "long.jsonl", rows[:40] + [{"prompt": "x", "max_tokens": 40000}] + rows[40:])
+    proc = agent_run(tmp_path / "home", "--traffic", str(long), "--model", str(embedded_model))
+    assert proc.returncode == 2 and f"{long}:41: " in proc.stdout and "beyond the model's context of 32768" in proc.stdout
+    chat = write_jsonl(tmp_path / "chat.jsonl", rows[:10] + [{"messages": [{"role": "user", "content": "hi"}],
+                                                               "max_tokens": 8}] + rows[10:])
+    proc = agent_run(tmp_path / "home", "--traffic", str(chat), "--model", str(embedded_model))
+    assert proc.returncode == 2 and f"{chat}:11: a chat request" in proc.stdout and "--chat-template" in proc.stdout
+    small = write_jsonl(tmp_path / "small.jsonl", rows[:20])
+    proc = agent_run(tmp_path / "home", "--traffic", str(small), "--model", str(embedded_model))
+    assert proc.returncode == 2 and "need at least 13 search" in proc.stdout
+    assert no_run_written(tmp_path / "home")
