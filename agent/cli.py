@@ -283,24 +283,33 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         space = _space(space.path, draft_model, exact=settings["exact"])
     now = datetime.now(timezone.utc)
     run_id = now.strftime("%Y%m%d-%H%M%S")
+    source = None
     try:
         tokens = traffics.Tokens(served_model(model, revision), str(chat_template or meter.chat_template or "") or None)
+    except traffics.NoTokenizer as e:   # the server may still load it (a remote tokenizer): nothing to count with
+        tokens = None
+        console.print(f"note: {e}: request lengths are not checked here and the space's max-model-len is served",
+                      highlight=False)
+    try:
         if traffic:   # the run's own copy, read by every trial (docs/traffic.md)
-            source = traffics.prepare(traffic, home / run_id / "traffic.jsonl", tokens)
-            meter = traffics.with_traffic(meter, home / run_id / "traffic.jsonl", str(chat_template.resolve())
-                                          if chat_template else None)
-            requests, where = list(source.requests), str(traffic)
+            copy = home / run_id / "traffic" / traffic.name
+            source = traffics.prepare(traffic, copy, tokens.count if tokens else None)
+            meter = traffics.with_traffic(meter, copy, str(chat_template.resolve()) if chat_template else None)
+            requests, named = list(source.requests), str(traffic)
         else:
-            requests, where = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
+            requests, named = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
         meter.check(settings["repeats"])
-        longest = traffics.check_against_model(requests, tokens, where)
+        longest = traffics.check_against_model(requests, tokens, named) if tokens else None
     except TrafficError as e:
         shutil.rmtree(home / run_id, ignore_errors=True)   # the copy of a run that never started
         raise fail(f"--traffic: {e}" if traffic else f"--workload: {e}") from None
-    context = traffics.context_length(longest, quality_set, tokens.limit)
-    space = space.with_fixed_flag("max-model-len", context)
-    console.print(f"traffic: {meter.summary_line()}; max-model-len {context} (longest request {longest} tokens"
-                  f"{f', the model allows {tokens.limit}' if tokens.limit else ''})", highlight=False)
+    context = traffics.context_length(longest, quality_set, tokens.limit) if tokens else None
+    if context:
+        space = space.with_fixed_flag("max-model-len", context)
+    console.print(f"traffic: {meter.summary_line()}"
+                  + (f"; max-model-len {context} (longest request {longest} tokens"
+                     f"{f', the model allows {tokens.limit}' if tokens.limit else ''})" if context else ""),
+                  highlight=False)
     engine = engine_info()
     return ledger.add(ledgers.Run(
         id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
@@ -309,7 +318,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         repo=str(proposals.working_dir),
         settings={"home": str(home), "budget_s": budget_s, "budget": budget_text, "quality": quality,
                   "quality_text": quality_set.text_path, "workload_spec": meter.as_dict(), "max_model_len": context,
-                  "traffic": meter.summary(),
+                  "traffic": meter.summary(), "traffic_source": source.summary() if traffic else None,
                   "model_given": model_given, "storage": where().kind, "choices": _choices(space),
                   "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
 

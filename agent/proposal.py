@@ -47,7 +47,8 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "greedy_agreement": trial.agreement, "lossless": trial.lossless,
         "ttft_ms": measured.get("ttft_ms"), "itl_ms": measured.get("itl_ms"),
         "tps_repeats": measured.get("repeats_tps"),
-        "meter": trial.meter, "engine": measured.get("engine"), "hardware": measured.get("hardware"),
+        "meter": trial.meter, "traffic_source": (run.settings or {}).get("traffic_source"),
+        "engine": measured.get("engine"), "hardware": measured.get("hardware"),
         "device": measured.get("device"),
         "model": run.model, "model_revision": run.model_revision, "params": trial.params, "flags": trial.flags, "env": trial.env,
     }
@@ -69,16 +70,17 @@ def message(run: Run, trial: Trial) -> str:
             f"greedy agreement {trial.agreement:.0%}{flips}")
     changed = ", ".join(f"{k}={v}" for k, v in trial.params.items())
     body = f"\n\nChanged: {changed}\n" + (f"Why: {trial.rationale}\n" if trial.rationale else "")
-    body += f"Measured on: {traffic_line(trial.meter or {})}\n"
+    body += f"Measured on: {traffic_line(trial.meter or {}, (run.settings or {}).get('traffic_source'))}\n"
     trailers = f"\nAgent-Run: {run.id}\nAgent-Trial: {trial.number}\nAgent-Source: {trial.source}\n"
     return head + body + trailers
 
 
-def traffic_line(meter: dict) -> str:
-    """The traffic a claim was measured on, by hash and shares: never a prompt."""
-    traffic = meter.get("traffic") or {}
-    source = (f"{traffic.get('file')} (sha256 {traffic.get('file_hash')}, {traffic.get('requests')} requests)"
-              if traffic else "the shipped prompt templates")
+def traffic_line(meter: dict, given: dict | None = None) -> str:
+    """The traffic a claim was measured on, by hash and shares: never a prompt. given: the user's own
+    file as --traffic named it (the run measured its copy)."""
+    traffic = given or meter.get("traffic") or {}
+    source = (f"{traffic.get('file')} ({traffic.get('format')}, sha256 {traffic.get('file_hash')}, "
+              f"{traffic.get('requests')} requests)" if traffic else "the shipped prompt templates")
     return (f"{meter.get('name')} meter v{meter.get('meter_version')}, {source}, {meter.get('split', 'search')} split "
             f"{meter.get('split_hash')}, {meter.get('sampled_share', 0):.0%} sampled, "
             f"{meter.get('ignore_eos_share', 0):.0%} ignore_eos")

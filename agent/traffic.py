@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,13 +18,20 @@ from sandbox.workload import Quality, Workload
 CONTEXT_STEP = 256   # the context length served is rounded up to a multiple of this
 
 
+class NoTokenizer(RuntimeError):
+    """The model's folder has no tokenizer transformers can load: lengths cannot be counted here."""
+
+
 class Tokens:
     """The model's tokenizer, loaded once (transformers, from the model's folder: no network)."""
 
     def __init__(self, model_dir: str, chat_template: str | None = None):
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise NoTokenizer(f"no tokenizer in {model_dir} ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
         self.template = Path(chat_template).read_text() if chat_template else None
         self.limit = model_limit(model_dir)
 
@@ -57,11 +65,11 @@ def model_limit(model_dir: str) -> int | None:
     return None
 
 
-def prepare(source: Path, out: Path, tokens: Tokens) -> Traffic:
+def prepare(source: Path, out: Path, count_tokens: Callable[[str], int] | None) -> Traffic:
     """Read the user's file (ShareGPT replies counted in the model's tokens), and write the run's
     own copy of its requests as OpenAI bodies: the night measures that copy, whatever happens to
     the source later."""
-    found = traffic_files.load(source, count_tokens=tokens.count)
+    found = traffic_files.load(source, count_tokens=count_tokens)
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({**r.body, **({"timestamp": r.timestamp} if r.timestamp is not None else {})}) + "\n"
              for r in found.requests]

@@ -9,12 +9,12 @@ interleaved rounds. Each round measures every arm once, the order rotating from 
 so that drift hits all arms alike:
 
 - `agent`: the agent's meter exactly as a trial runs it, `sandbox.worker._measure` (the
-  measured phase of `sandbox.bench.run_prompts` with the metrics sampler beside it);
+  measured phase of `sandbox.bench.run_requests` with the metrics sampler beside it);
 - `vllm`: `vllm bench serve` as a subprocess on the same prompts (a custom-dataset JSONL of the
   workload's prompts, in order, no chat template), the same output length, `--ignore-eos`,
   `--temperature 0`, `--max-concurrency` = the workload's concurrency, request rate inf, no
   warm-ups (the server is warm); its figures are read from `--save-result` JSON;
-- `bare` (experiment): `sandbox.bench.run_prompts` without the metrics sampler;
+- `bare` (experiment): `sandbox.bench.run_requests` without the metrics sampler;
 - `v1` (experiment): the agent's meter with sandbox/bench.py as committed at `--rev` (default aa1c0fb,
   the last httpx meter, meter_version 1);
 - `deferred` (experiment): the agent's meter with the sampler's parsing moved after the phase.
@@ -195,20 +195,21 @@ class DeferredSampler(metrics.Sampler):
 
 def run_agent(server: Server, workload, timeout_s: float, sampler: bool, meter=None,
               sampler_class=None) -> dict:
-    """The agent's meter through sandbox.worker._measure (sampler=True) or run_prompts alone;
+    """The agent's meter through sandbox.worker._measure (sampler=True) or run_requests alone;
     meter swaps the bench module (the committed one for arm v1), sampler_class the sampler."""
     cpu0, srv0, host0 = own_cpu(), server_cpu(server), host_busy()
     if sampler:
         saved = worker.bench, metrics.Sampler
         worker.bench, metrics.Sampler = meter or bench, sampler_class or saved[1]
         try:
-            result, explained = asyncio.run(worker._measure(server, workload, timeout_s))
+            result, explained = asyncio.run(worker._measure(server, workload, workload.measured(0), timeout_s))
         finally:
             worker.bench, metrics.Sampler = saved
     else:
-        results, wall = asyncio.run(bench.run_prompts(server.base_url, server.model_name, workload.prompts(),
-                                                      workload, timeout_s))
-        result, explained = bench.summarize(results, wall, workload), None
+        requests = workload.measured(0)
+        results, wall = asyncio.run(bench.run_requests(server.base_url, server.model_name, requests,
+                                                       workload.concurrency, timeout_s))
+        result, explained = bench.summarize(results, wall, requests), None
     cpu1, srv1, host1 = own_cpu(), server_cpu(server), host_busy()
     return {"tps": result.tps, "tokens": result.output_tokens, "wall_s": result.wall_s,
             "requests": result.requests, "errors": result.errors, "short": result.short_outputs,
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "runs" / "meter-vs-bench" / stamp
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "prompts.jsonl"
-    jsonl.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in workload.prompts()))
+    jsonl.write_text("".join(json.dumps({"prompt": r.body["prompt"]}) + "\n" for r in workload.measured(0)))
     flags, env = fixed_flags_env(args.space)
     server = Server(args.model, flags, env, out / "server.log")
 
@@ -301,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         server.wait_ready(args.start_timeout)
         print(f"server ready in {time.monotonic() - t0:.0f} s (pid {server.proc.pid}, port {server.port})", flush=True)
-        warm, _ = asyncio.run(bench.run_prompts(server.base_url, server.model_name, workload.warmup_prompts(),
-                                                workload, 300))
+        warm, _ = asyncio.run(bench.run_requests(server.base_url, server.model_name, workload.warmups(),
+                                                 workload.concurrency, 300))
         if any(not r.ok for r in warm):
             raise RuntimeError(f"warm-up failed: {next(r.error for r in warm if not r.ok)}")
         timeout_s = bench.bench_deadline_s(workload)

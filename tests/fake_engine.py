@@ -6,6 +6,8 @@ the worker's shape, so the loop, gate, ledger and git see what they would see fr
 
 import time
 
+from sandbox.workload import load_workload
+
 GREEDY = [[10 + i, 20 + i, 30 + i] for i in range(8)]
 # Each position's top-2, keyed by token id as the worker records them: clear choices everywhere.
 TOPS = [[{str(t): -0.05, str(t + 100): -3.0} for t in g] for g in GREEDY]
@@ -27,6 +29,13 @@ class FakeEngine:
     def defaults(self, model, names):
         return {n: DEFAULTS.get(n) for n in names}
 
+    @staticmethod
+    def meter(spec) -> dict:
+        """What the real worker records of its workload (sandbox.worker.TrialRun)."""
+        w = load_workload(spec["workload"])
+        return {"name": w.name, "meter_version": w.meter_version, "hash": w.hash, "prompt_split": w.prompt_split,
+                **w.summary()}
+
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
         self.calls += 1
         self.specs.append(spec)
@@ -36,7 +45,7 @@ class FakeEngine:
         on_phase("start")
         if flags.get("max-num-seqs", 1) > 128:
             return {"status": "failed", "failure": {"class": "oom", "message": "fake: out of memory", "log_tail": "OOM"},
-                    "timings": {}, "workload": {"name": spec["workload"]}}
+                    "timings": {}, "workload": self.meter(spec)}
         tps = 18.0 * (1.5 if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" else 1.0)
         tps *= 0.8 if flags.get("enforce-eager") else 1.0
         heldout = isinstance(spec["workload"], dict) and spec["workload"].get("prompt_split") == "heldout"
@@ -49,7 +58,7 @@ class FakeEngine:
             return {"status": "pruned", "failure": None, "log_path": str(trial_dir / "server.log"),
                     "pruned": {"after_requests": 3, "of": 4, "upper_tps": round(tps * 4 / 3, 3),
                                "below_tps": spec["prune_below_tps"]},
-                    "workload": {"name": spec["workload"], "hash": "fake", "meter_version": 1},
+                    "workload": self.meter(spec),
                     "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps], "requests": 3},
                     "quality": None, "metrics": {}, "timings": {"start_s": 0.01, "benchmark_s": 0.01}}
         ppl = 8.5 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 8.0
@@ -60,7 +69,7 @@ class FakeEngine:
         return {
             "status": "ok", "failure": None, "log_path": str(trial_dir / "server.log"),
             "bench_heldout": {"tps": round(tps * 0.97, 3)} if spec.get("heldout_bench") else None,
-            "workload": {"name": spec["workload"], "hash": "fake", "meter_version": 1},
+            "workload": self.meter(spec),
             "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps, tps * 1.002, tps * 0.998],
                       "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}},
             **({"quality_skipped": "slower"} if skip_quality else {}),

@@ -1,6 +1,7 @@
 """The deterministic engine at the CLI's engine seam (AGENT_TEST_ENGINE=tests/seam_engine.py:SeamEngine):
 real `agent run` and `agent worker` processes, a real database, trials that take AGENT_TEST_TRIAL_S."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,9 @@ class SeamEngine(FakeEngine):
         self.slot = slot
 
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        if record := os.environ.get("AGENT_TEST_SPECS"):   # every spec the loop sent, for the tests to read
+            with open(record, "a") as f:
+                f.write(json.dumps(spec) + "\n")
         result = super().evaluate(spec, trial_dir, timeout_s, on_phase)
         result["device"] = self.slot.device if self.slot else "host"
         return result

@@ -164,7 +164,7 @@ def test_bad_traffic_is_one_line_naming_file_line_and_value(tmp_path, content, n
 def test_a_file_too_small_for_a_sound_split_names_the_minimum(tmp_path):
     path = write_jsonl(tmp_path / "small.jsonl", [{"prompt": f"p{i}", "max_tokens": 8} for i in range(20)])
     w = load_workload({**load_workload("default-cpu").as_dict(), "traffic": str(path)})
-    with pytest.raises(TrafficError, match=r"20 requests split into .* need at least 13 search .* and 12 held-out"):
+    with pytest.raises(TrafficError, match=r"20 requests split into .* need at least 9 search .* and 8 held-out"):
         w.check(repeats=2)
 
 
@@ -237,7 +237,7 @@ def test_run_with_a_malformed_traffic_file_stops_with_one_line(tmp_path, content
     bad.write_text(content)
     proc = agent_run(tmp_path / "home", "--traffic", str(bad))
     assert proc.returncode == 2
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: --traffic: ") and needle in lines[0] and str(bad) in lines[0]
     assert no_run_written(tmp_path / "home")
 
@@ -246,12 +246,63 @@ def test_run_refuses_requests_beyond_the_models_context_and_chat_without_a_templ
     rows = [{"prompt": f"p{i}", "max_tokens": 8} for i in range(80)]
     long = write_jsonl(tmp_path / "long.jsonl", rows[:40] + [{"prompt": "x", "max_tokens": 40000}] + rows[40:])
     proc = agent_run(tmp_path / "home", "--traffic", str(long), "--model", str(embedded_model))
-    assert proc.returncode == 2 and f"{long}:41: " in proc.stdout and "beyond the model's context of 32768" in proc.stdout
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and f"{long}:41: " in said and "beyond the model's context of 32768" in said
     chat = write_jsonl(tmp_path / "chat.jsonl", rows[:10] + [{"messages": [{"role": "user", "content": "hi"}],
                                                                "max_tokens": 8}] + rows[10:])
     proc = agent_run(tmp_path / "home", "--traffic", str(chat), "--model", str(embedded_model))
-    assert proc.returncode == 2 and f"{chat}:11: a chat request" in proc.stdout and "--chat-template" in proc.stdout
-    small = write_jsonl(tmp_path / "small.jsonl", rows[:20])
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and f"{chat}:11: a chat request" in said and "--chat-template" in said
+    small = write_jsonl(tmp_path / "small.jsonl", rows[:12])
     proc = agent_run(tmp_path / "home", "--traffic", str(small), "--model", str(embedded_model))
-    assert proc.returncode == 2 and "need at least 13 search" in proc.stdout
+    assert proc.returncode == 2 and "need at least 9 search" in proc.stdout + proc.stderr
     assert no_run_written(tmp_path / "home")
+
+
+def test_a_run_on_user_traffic_keeps_held_out_requests_out_of_search_and_prompts_out_of_branches(
+        tmp_path, embedded_model):
+    """A real `agent run --traffic` with the deterministic engine at its seam: every spec the loop sends
+    is read back; search trials never draw a held-out request, held-out instances draw only held-out
+    ones; branches, commit messages and the HTML report carry hashes, never a prompt."""
+    from agent.ledger import Ledger
+
+    marker = "zebra-quartz-{}"
+    rows = [{"prompt": f"{marker.format(i)} tell me something", "max_tokens": 16 + i % 5,
+             **({"temperature": 0.8} if i % 2 else {"temperature": 0})} for i in range(120)]
+    source = write_jsonl(tmp_path / "mine.jsonl", rows)
+    home, specs = tmp_path / "home", tmp_path / "specs.jsonl"
+    env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_ENGINE": f"{ROOT}/tests/seam_engine.py:SeamEngine",
+           "AGENT_TEST_TRIAL_S": "0.05", "AGENT_TEST_SPECS": str(specs)}
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--budget", "25s", "--traffic", str(source),
+                           "--model", str(embedded_model), "--max-trials", "6"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "traffic: default-cpu+traffic: mine.jsonl, 120 requests" in proc.stdout + proc.stderr
+    (run,) = Ledger(home / "ledger.sqlite").runs()
+    import hashlib
+
+    given = run.settings["traffic_source"]
+    assert given["file"] == "mine.jsonl" and given["file_hash"] == hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    assert run.settings["traffic"]["split_hash"] and run.settings["traffic"]["traffic"]["requests"] == 120
+    assert run.settings["max_model_len"] == 768   # the quality window's 513 tokens, rounded up
+    heldout_keys = {r.key for r in load_workload(run.settings["workload_spec"]).pool("heldout")}
+    sent = [json.loads(line) for line in specs.read_text().splitlines()]
+    assert len(sent) >= 4
+    for spec in sent:
+        w = load_workload(spec["workload"])
+        assert spec["flags"]["max-model-len"] == 768
+        drawn = [*w.warmups(), *(r for rep in range(spec["repeats"]) for r in w.measured(rep))]
+        if spec.get("quality") != "none":
+            drawn += w.quality_requests(8)
+        if w.prompt_split == "search":
+            assert not {r.key for r in drawn} & heldout_keys
+        else:
+            assert {r.key for r in w.measured(0)} <= heldout_keys and not {r.key for r in w.warmups()} & heldout_keys
+    branches = subprocess.run(["git", "-C", str(home / "proposals"), "log", "--all", "-p", "--format=%B"],
+                              capture_output=True, text=True, check=True).stdout
+    assert f"Measured on: default-cpu+traffic meter v3, mine.jsonl (openai, sha256 {given['file_hash']}" in branches
+    report = tmp_path / "report.html"
+    subprocess.run([sys.executable, "-m", "agent.cli", "report", "--html", str(report)], env=env, check=True,
+                   capture_output=True, cwd=ROOT)
+    for text in (branches, report.read_text(), proc.stdout):
+        assert "zebra-quartz" not in text
