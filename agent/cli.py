@@ -335,14 +335,14 @@ def _space(name: str, draft_models: list[str], exact: bool = False, max_model_le
         space = spaces.load(name)
     except spaces.SpaceError as e:
         raise fail(str(e)) from None
-    if max_model_len:   # the context length the run's traffic needs (agent.traffic.context_length)
-        space = space.with_fixed_flag("max-model-len", max_model_len)
     if exact:  # every trial, the defaults' included, served batch-invariant
         space = space.with_fixed_env("VLLM_BATCH_INVARIANT", "1")
     if draft_models:
         from agent import drafts
 
         space = drafts.add_drafts(space, draft_models)
+    if max_model_len:   # the context length the run's traffic needs (agent.traffic.context_length), last as at the start
+        space = space.with_fixed_flag("max-model-len", max_model_len)
     return space
 
 

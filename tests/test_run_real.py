@@ -15,7 +15,7 @@ from agent.ledger import Ledger
 pytestmark = pytest.mark.engine
 # Two baseline instances, the A/A check and one candidate at 3-4.5 minutes each, plus the candidate's
 # held-out decision (one to three fresh instances at about 3 minutes), with margin for a slower machine.
-BUDGET_S = 28 * 60
+BUDGET_S = 25 * 60
 
 
 @pytest.fixture(scope="module")
