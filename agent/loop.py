@@ -525,6 +525,7 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
         timings=result.get("timings") or {}, log_path=result.get("log_path"),
         meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow(),
         measured={"ttft_ms": bench.get("ttft_ms"), "itl_ms": bench.get("itl_ms"), "repeats_tps": bench.get("repeats_tps"),
+                  "finish": bench.get("finish"),
                   "engine": result.get("engine"), "hardware": result.get("hardware"), "device": result.get("device")})
     repeats = [x for x in bench.get("repeats_tps") or [] if x and x > 0]
     if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`

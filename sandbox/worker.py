@@ -150,20 +150,21 @@ class TrialRun:
                 self.server.fail_if_dead(self.phase)
                 if runs[-1][0].errors or (pruner and pruner.pruned):
                     break
-        measured, explained = sorted(runs, key=lambda r: r[0].tps)[len(runs) // 2]  # the median repeat
-        self.result["bench"] = {**measured.to_dict(), "repeats_tps": [r[0].tps for r in runs]}
+        measured, explained = sorted(runs, key=lambda r: r[0].tps)[len(runs) // 2]  # the median repeat's latencies
+        self.result["bench"] = pooled([r[0] for r in runs], measured)
         self.result["metrics"] = explained
         self.lap("benchmark")
-        if measured.errors:
-            raise TrialFailure("request_errors", f"{measured.errors} of {measured.requests} requests failed; "
-                                                 f"first: {measured.first_error}")
+        last, figures = runs[-1][0], self.result["bench"]   # a repeat with errors, or pruned, is the last one
+        if last.errors:
+            raise TrialFailure("request_errors", f"{last.errors} of {last.requests} requests failed; "
+                                                 f"first: {last.first_error}")
         if pruner and pruner.pruned:
             self.result["status"] = "pruned"
-            self.result["pruned"] = {"after_requests": measured.requests, "of": workload.num_prompts,
+            self.result["pruned"] = {"after_requests": last.requests, "of": workload.num_prompts,
                                      "upper_tps": round(pruner.upper_tps, 3), "below_tps": spec.prune_below_tps}
             return
-        if measured.output_tokens == 0 or measured.short_outputs:
-            raise TrialFailure("bad_output", f"{measured.short_outputs} of {measured.requests} requests did not "
+        if figures["output_tokens"] == 0 or figures["short_outputs"]:
+            raise TrialFailure("bad_output", f"{figures['short_outputs']} of {figures['requests']} requests did not "
                                              f"return the max_tokens asked for with ignore_eos")
 
     def heldout(self) -> None:
@@ -175,7 +176,7 @@ class TrialRun:
                     for r in range(spec.repeats)]
         self.server.fail_if_dead(self.phase)
         median = sorted(reps, key=lambda r: r.tps)[len(reps) // 2]
-        self.result["bench_heldout"] = {**median.to_dict(), "repeats_tps": [r.tps for r in reps], "hash": heldout.hash}
+        self.result["bench_heldout"] = {**pooled(reps, median), "hash": heldout.hash}
         self.lap("heldout")
 
     def quality(self) -> None:
@@ -209,6 +210,21 @@ class TrialRun:
 
     def fail(self, klass: str, message: str, tail: str = "", cause: str | None = None) -> None:
         _fail(self.result, klass, message, tail, self.log_path, cause)
+
+
+def pooled(reps: list[bench.BenchResult], median: bench.BenchResult) -> dict:
+    """An instance's figure over all its repeats: each repeat draws other requests, and every config gets
+    the same draws, so the instance's TPS is its tokens over its time on all of them (a median repeat
+    could be one draw for one config and another draw for the next). Latencies: the median repeat's."""
+    tokens, wall = sum(r.output_tokens for r in reps), sum(r.wall_s for r in reps)
+    finish: dict[str, int] = {}
+    for r in reps:
+        for k, v in r.finish.items():
+            finish[k] = finish.get(k, 0) + v
+    return {**median.to_dict(), "tps": round(tokens / wall, 3) if wall > 0 else 0.0, "output_tokens": tokens,
+            "wall_s": round(wall, 3), "requests": sum(r.requests for r in reps), "finish": finish,
+            "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
+            "repeats_tps": [r.tps for r in reps], "draw_hashes": [r.draw_hash for r in reps]}
 
 
 def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = None,

@@ -96,10 +96,10 @@ class Workload:
 
     def summary(self) -> dict:
         """Hashes and shares of the traffic measured: no request text."""
-        measured = self.measured(0)
-        out = {"split": self.prompt_split, "split_hash": keys_hash(self.pool()), "draw_hash": keys_hash(measured),
-               "sampled_share": round(sum(r.sampled for r in measured) / len(measured), 3),
-               "ignore_eos_share": round(sum(bool(r.body.get("ignore_eos")) for r in measured) / len(measured), 3)}
+        pool = self.pool()   # the split measured: its sampling mix, whichever draws a server gets
+        out = {"split": self.prompt_split, "split_hash": keys_hash(pool), "draw_hash": keys_hash(self.measured(0)),
+               "sampled_share": round(sum(r.sampled for r in pool) / len(pool), 3),
+               "ignore_eos_share": round(sum(bool(r.body.get("ignore_eos")) for r in pool) / len(pool), 3)}
         if self.traffic:
             out["traffic"] = _traffic(self.traffic).summary()
         return out

@@ -158,8 +158,8 @@ def test_chat_traffic_is_served_through_the_chat_endpoint_with_the_shipped_templ
     assert r["status"] == "ok", r["failure"]
     assert "--chat-template" in r["argv"] and r["argv"][r["argv"].index("--chat-template") + 1].endswith("gemma-chat.jinja")
     bench = r["bench"]
-    assert bench["errors"] == 0 and bench["requests"] == 2 and len(bench["repeats_tps"]) == 2
-    assert sum(bench["finish"].values()) == 2 and set(bench["finish"]) <= {"eos", "stop", "length"}
+    assert bench["errors"] == 0 and bench["requests"] == 4 and len(bench["repeats_tps"]) == 2
+    assert sum(bench["finish"].values()) == 4 and set(bench["finish"]) <= {"eos", "stop", "length"}
     traffic = r["workload"]["traffic"]
     assert traffic["chat_share"] == 1.0 and traffic["file_hash"] and r["workload"]["sampled_share"] > 0
     # The held-out phase measured other requests than the search phase.

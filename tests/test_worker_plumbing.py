@@ -231,3 +231,16 @@ def test_quality_is_measured_only_when_the_speed_could_pass(tmp_path, fake_mode)
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
     assert result["status"] == "ok" and result["quality"] is None and "is not above" in result["quality_skipped"]
     assert result["bench"]["requests"] == 4 and "quality_s" not in result["timings"]
+
+
+def test_an_instance_is_measured_on_every_repeats_draw_pooled(tmp_path, fake_mode):
+    """Each repeat sends other requests; the instance's TPS is its tokens over its time on all of them,
+    so two configs are compared on the same requests, not on whichever draw was each one's median."""
+    fake_mode("ok")
+    spec = specs.from_dict({"model": "fake", "workload": "smoke", "repeats": 3, "quality": "none",
+                            "deadlines": {"start_s": 30}})
+    result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
+    bench = result["bench"]
+    assert result["status"] == "ok" and len(bench["repeats_tps"]) == 3 and len(set(bench["draw_hashes"])) == 3
+    assert bench["requests"] == 12 and bench["output_tokens"] == 12 * 32 and bench["finish"] == {"length": 12}
+    assert bench["tps"] == pytest.approx(bench["output_tokens"] / bench["wall_s"], rel=0.001)
