@@ -719,6 +719,10 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     if row.baseline_tps:
         say(f"  baseline {row.baseline_tps:.2f} tok/s, noise ±{row.noise:.1%} log-sd ({row.noise_df} df), "
             f"ppl {row.baseline_ppl:.4f}; workload {row.workload}")
+    if (row.settings or {}).get("traffic"):
+        from agent.proposal import run_meter, traffic_line
+
+        say(f"  traffic: {traffic_line(run_meter(row), row.settings.get('traffic_source'))}")
     cal = row.calibration or {}
     if "rule" in cal:
         say(f"  greedy rule {cal['rule']}: tau {cal['tau']:.3f} nats, up to {cal['flips_allowed']} near-tie flips, "

@@ -75,6 +75,12 @@ def message(run: Run, trial: Trial) -> str:
     return head + body + trailers
 
 
+def run_meter(run: Run) -> dict:
+    """The run's meter as its trials record it (name, version, split and traffic summary)."""
+    spec = (run.settings or {}).get("workload_spec") or {}
+    return {"name": run.workload, "meter_version": spec.get("meter_version"), **((run.settings or {}).get("traffic") or {})}
+
+
 def traffic_line(meter: dict, given: dict | None = None) -> str:
     """The traffic a claim was measured on, by hash and shares: never a prompt. given: the user's own
     file as --traffic named it (the run measured its copy)."""

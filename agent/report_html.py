@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from agent.ledger import LearnedRule, Run, Trial
+from agent.proposal import run_meter, traffic_line
 from agent.refusals import describe
 
 CANDIDATES = ("planner", "sampler")   # every other source is an instance of the defaults (agent.loop)
@@ -180,6 +181,7 @@ def render(run: Run, trials: list[Trial], rules: list[LearnedRule], study,
     summary = (f"<p>{html.escape(run.model)} on {html.escape(str((run.hardware or {}).get('gpus') or (run.hardware or {}).get('cpu')))}"
                f", {html.escape(run.engine or '')} {html.escape(run.engine_version or '')}; meter "
                f"{html.escape(run.workload)}; {run.status}, started {run.started_at}, deadline {run.deadline_at}.</p>"
+               f"<p>Traffic: {html.escape(traffic_line(run_meter(run), (run.settings or {}).get('traffic_source')))}.</p>"
                f"<p>Defaults: {run.baseline_tps or 0:.2f} tok/s, noise ±{(run.noise or 0):.1%} log-sd between server "
                f"instances ({run.noise_df or 0} df), perplexity {run.baseline_ppl or 0:.4f}. "
                f"{html.escape(cal.get('aa') or '')}. Greedy rule {html.escape(str(cal.get('rule', '')))}"
