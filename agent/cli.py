@@ -9,6 +9,7 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -246,7 +247,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
             raise fail(f"{option}: {given} is not a file")
     if traffic:
         try:   # the file's form, every line, before the model is prepared (ShareGPT's lengths come later)
-            load_traffic(traffic, count_tokens=len)
+            load_traffic(traffic)
         except TrafficError as e:
             raise fail(f"--traffic: {e}") from None
     quality = quality or ("default" if gpu else "quick")
@@ -291,6 +292,8 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         console.print(f"note: {e}: request lengths are not checked here and the space's max-model-len is served",
                       highlight=False)
     try:
+        if chat_template and not traffic:   # a chat workload served with the user's template
+            meter = replace(meter, chat_template=str(chat_template.resolve()))
         if traffic:   # the run's own copy, read by every trial (docs/traffic.md)
             copy = home / run_id / "traffic" / traffic.name
             source = traffics.prepare(traffic, copy, tokens.count if tokens else None)
@@ -299,7 +302,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         else:
             requests, named = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
         meter.check(settings["repeats"])
-        longest = traffics.check_against_model(requests, tokens, named) if tokens else None
+        longest = traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens) if tokens else None
     except TrafficError as e:
         shutil.rmtree(home / run_id, ignore_errors=True)   # the copy of a run that never started
         raise fail(f"--traffic: {e}" if traffic else f"--workload: {e}") from None

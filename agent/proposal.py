@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import yaml
 
@@ -21,6 +22,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
     config += yaml.safe_dump(trial.flags, sort_keys=False)
     exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(trial.env.items()))
     template = ((run.settings or {}).get("workload_spec") or {}).get("chat_template")   # served as measured
+    template_text = _read(template) if template else None
     launch = (
         "#!/bin/sh\n"
         f"# Serve the proposed config (run {run.id}, trial {trial.number}). MODEL overrides the model.\n"
@@ -29,7 +31,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         'here=$(cd "$(dirname "$0")" && pwd)\n'
         f'exec python -m vllm.entrypoints.openai.api_server --model "${{MODEL:-{run.model}}}" '
         + (f"--revision {run.model_revision} " if run.model_revision else "")
-        + (f"--chat-template {shlex.quote(template)} " if template else "")
+        + ('--chat-template "$here/chat-template.jinja" ' if template_text is not None else "")
         + '--config "$here/config.yaml" "$@"\n'
     )
     results = {
@@ -56,7 +58,16 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "serving/config.yaml": (config, False),
         "serving/launch.sh": (launch, True),
         "serving/results.json": (json.dumps(results, indent=2, default=str) + "\n", False),
+        **({"serving/chat-template.jinja": (template_text, False)} if template_text is not None else {}),
     }
+
+
+def _read(path: str) -> str | None:
+    """The chat template the run served, copied into the branch (a path on this host means nothing elsewhere)."""
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
 
 
 def message(run: Run, trial: Trial) -> str:

@@ -181,8 +181,9 @@ def render(run: Run, trials: list[Trial], rules: list[LearnedRule], study,
     summary = (f"<p>{html.escape(run.model)} on {html.escape(str((run.hardware or {}).get('gpus') or (run.hardware or {}).get('cpu')))}"
                f", {html.escape(run.engine or '')} {html.escape(run.engine_version or '')}; meter "
                f"{html.escape(run.workload)}; {run.status}, started {run.started_at}, deadline {run.deadline_at}.</p>"
-               f"<p>Traffic: {html.escape(traffic_line(run_meter(run), (run.settings or {}).get('traffic_source')))}.</p>"
-               f"<p>Defaults: {run.baseline_tps or 0:.2f} tok/s, noise ±{(run.noise or 0):.1%} log-sd between server "
+               + (f"<p>Traffic: {html.escape(traffic_line(run_meter(run), run.settings.get('traffic_source')))}.</p>"
+                  if (run.settings or {}).get("traffic") else "")
+               + f"<p>Defaults: {run.baseline_tps or 0:.2f} tok/s, noise ±{(run.noise or 0):.1%} log-sd between server "
                f"instances ({run.noise_df or 0} df), perplexity {run.baseline_ppl or 0:.4f}. "
                f"{html.escape(cal.get('aa') or '')}. Greedy rule {html.escape(str(cal.get('rule', '')))}"
                f"{', tau %.3f nats' % cal['tau'] if 'tau' in cal else ''}.</p>"

@@ -77,18 +77,19 @@ def prepare(source: Path, out: Path, count_tokens: Callable[[str], int] | None) 
     return found
 
 
-def check_against_model(requests: list[Request], tokens: Tokens, where: str) -> int:
+def check_against_model(requests: list[Request], tokens: Tokens, where: str, greedy_tokens: int = 0) -> int:
     """Every request fits the model, chat requests have a template; returns the longest request
-    (prompt plus max_tokens, in tokens). A request beyond the model's limit is named by its line."""
+    (prompt plus max_tokens, or plus greedy_tokens where the quality phase sends it greedily, in tokens).
+    A request beyond the model's limit is named by its line."""
     longest = 0
     chat = next((r for r in requests if r.endpoint == "chat"), None)
     if chat is not None and not tokens.has_template:
         raise TrafficError(f"{where}:{chat.line}: a chat request (messages), but the model has no chat template: "
                            f"give --chat-template FILE (sandbox/data/traffic/gemma-chat.jinja fits Gemma)")
     for r in requests:
-        need = tokens.prompt_tokens(r) + r.max_tokens
+        need = tokens.prompt_tokens(r) + max(r.max_tokens, greedy_tokens)
         if tokens.limit and need > tokens.limit:
-            raise TrafficError(f"{where}:{r.line}: {need} tokens (prompt {need - r.max_tokens} + max_tokens "
+            raise TrafficError(f"{where}:{r.line}: {need} tokens (prompt {tokens.prompt_tokens(r)} + max_tokens "
                                f"{r.max_tokens}) is beyond the model's context of {tokens.limit}")
         longest = max(longest, need)
     return longest

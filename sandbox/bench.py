@@ -262,7 +262,7 @@ class Pruner:
 
     @staticmethod
     def for_workload(below_tps: float, workload: Workload) -> "Pruner":
-        longest = max(r.max_tokens for r in workload.measured(0))
+        longest = workload.longest_output()
         return Pruner(below_tps, max(3, workload.num_prompts // 8), longest, workload.concurrency)
 
 
@@ -322,6 +322,6 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
 
 def bench_deadline_s(workload: Workload, floor_tps: float = 2.0) -> float:
     """A generous default deadline: every token at floor_tps per stream, plus slack."""
-    longest = max(r.max_tokens for r in workload.measured(0))
+    longest = workload.longest_output()
     tokens = (workload.num_prompts + workload.warmup_requests) * longest
     return 60.0 + tokens / (floor_tps * workload.concurrency)

@@ -77,7 +77,6 @@ REFUSED = {
     "reasoning_effort": Refused(lambda v: v is None, "reasoning effort needs a reasoning parser"),
     "web_search_options": Refused(lambda v: v is None, "web search is not served by vLLM"),
 }
-SHAREGPT_HUMAN, SHAREGPT_REPLY = ("human", "user"), ("gpt", "chatgpt", "assistant", "model", "bing", "bard")
 
 
 class TrafficError(ValueError):
@@ -97,7 +96,8 @@ class Request:
 
     @property
     def max_tokens(self) -> int | None:
-        return self.body.get("max_tokens", self.body.get("max_completion_tokens"))
+        """The output bound vLLM applies: max_completion_tokens wins over max_tokens when both are set."""
+        return self.body.get("max_completion_tokens", self.body.get("max_tokens"))
 
     @property
     def sampled(self) -> bool:
@@ -122,11 +122,15 @@ class Traffic:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def split(self, name: str) -> list[Request]:
-        """The split's requests in a fixed order (by key), whatever the file's order."""
+        """The split's distinct requests in a fixed order (by key), whatever the file's order: a request
+        the file holds twice is one request here, so no draw sends it twice to one server."""
         if name not in ("search", "heldout"):
             raise ValueError(f"split {name!r} is not search or heldout")
-        chosen = [r for r in self.requests if (split_of(r.key) == name)]
-        return sorted(chosen, key=lambda r: (r.key, r.line))
+        chosen: dict[str, Request] = {}
+        for r in self.requests:
+            if split_of(r.key) == name:
+                chosen.setdefault(r.key, r)
+        return [chosen[k] for k in sorted(chosen)]
 
     def summary(self) -> dict:
         """What the ledger and a branch may carry about the traffic: hashes and statistics, no text."""
@@ -267,9 +271,7 @@ def _records(path: Path) -> tuple[list[tuple[int, Any]], str]:
 
 def _sharegpt(path: Path, records: list[tuple[int, Any]], count_tokens: Callable[[str], int] | None,
               ) -> tuple[list[Request], int]:
-    if count_tokens is None:
-        raise TrafficError(f"{path}: a ShareGPT file needs the model's tokenizer (its replies' lengths are the "
-                           f"requests' max_tokens)")
+    """count_tokens None: the form is checked, the lengths (and vLLM's length rule) wait for the tokenizer."""
     requests, skipped = [], 0
     for line, item in records:
         where = f"{path}:{line}"
@@ -280,13 +282,12 @@ def _sharegpt(path: Path, records: list[tuple[int, Any]], count_tokens: Callable
         if len(turns) < 2:   # vLLM's ShareGPTDataset drops these too
             skipped += 1
             continue
-        prompt, reply = turns[0]["value"], turns[1]["value"]
-        if turns[0].get("from") not in SHAREGPT_HUMAN:
-            raise TrafficError(f"{where}: the first turn is from {turns[0].get('from')!r}, not a human turn")
-        if not prompt:
-            raise TrafficError(f"{where}: the first turn is empty")
+        prompt, reply = turns[0]["value"], turns[1]["value"]   # whatever their roles, as vLLM takes them
+        if count_tokens is None:   # the file's form only: lengths are counted once the tokenizer is here
+            requests.append(Request("completions", {"prompt": prompt or " ", "max_tokens": 1}, line))
+            continue
         prompt_len, output_len = count_tokens(prompt), count_tokens(reply)
-        if not sharegpt_kept(prompt_len, output_len):
+        if not prompt or not sharegpt_kept(prompt_len, output_len):
             skipped += 1
             continue
         requests.append(Request("completions", {"prompt": prompt, "max_tokens": output_len}, line))
@@ -301,8 +302,9 @@ def sharegpt_kept(prompt_len: int, output_len: int) -> bool:
 
 def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
          default_max_tokens: int | None = None) -> Traffic:
-    """A traffic file, every request checked. count_tokens (the model's tokenizer) is needed for
-    ShareGPT; default_max_tokens bounds requests that give none (None: such a request is an error)."""
+    """A traffic file, every request checked. count_tokens (the model's tokenizer) gives ShareGPT replies
+    their lengths (None: their form only is checked); default_max_tokens bounds requests that give none
+    (None: such a request is an error)."""
     path = Path(path)
     records, shape = _records(path)
     if not records:
@@ -328,8 +330,8 @@ def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
     if not requests:
         raise TrafficError(f"{path}: no usable request ({skipped} conversation(s) without a reply)")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    notes = (f"{skipped} conversation(s) without a reply or outside vLLM's length rule skipped, as vllm bench "
-             f"serve skips them",) if skipped else ()
+    notes = (f"{skipped} conversation(s) skipped as vllm bench serve skips them (no reply, or outside its length "
+             f"rule)",) if skipped else ()
     return Traffic(str(path), fmt, tuple(requests), digest, skipped, notes)
 
 

@@ -83,13 +83,17 @@ class Workload:
         need_search = self.warmup_requests + (repeats * self.num_prompts if self.prompt_split == "search" else 0)
         need_heldout = repeats * self.num_prompts if heldout or self.prompt_split == "heldout" else 0
         if search < need_search or heldout_size < need_heldout:
-            total = len(_traffic(self.traffic).requests) if self.traffic else search + heldout
+            total = len(_traffic(self.traffic).requests) if self.traffic else search + heldout_size
             raise TrafficError(
                 f"{self.traffic or 'prompts.jsonl'}: {total} requests split into {search} search and {heldout_size} "
                 f"held-out; {repeats} repeats of {self.num_prompts} requests need at least {need_search} search "
                 f"({self.warmup_requests} warm-ups first) and {need_heldout} held-out distinct requests (about "
                 f"{math.ceil(max(need_search / (1 - HELDOUT_SHARE), need_heldout / HELDOUT_SHARE))} in the file; "
                 f"or fewer --repeats or num_prompts)")
+
+    def longest_output(self) -> int:
+        """The largest max_tokens any phase of this workload may send (either split)."""
+        return max(r.max_tokens for split in SPLITS for r in self.pool(split))
 
     def where(self, split: str) -> str:
         return f"{self.traffic or 'the shipped prompts'} ({split} split)"
@@ -155,8 +159,9 @@ class Quality:
         return [p.strip() for p in self.perplexity_text.split("\n\n") if p.strip()]
 
     @property
-    def hash(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+    def hash(self) -> str:   # the text itself is in it; its path differs by host
+        content = {k: v for k, v in asdict(self).items() if k != "text_path"}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _read_jsonl(path: Path) -> list[dict]:

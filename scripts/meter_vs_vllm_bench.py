@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     v1 = committed_bench(args.rev) if "v1" in arms else None
 
     workload = load_workload(args.workload)
+    if workload.traffic:   # vllm bench serve's custom dataset takes one length and one sampling for all
+        sys.exit(f"error: --workload {args.workload}: a traffic workload; this comparison takes a template one "
+                 f"(challenge-cpu, smoke, ...)")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "runs" / "meter-vs-bench" / stamp
     out.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if record := os.environ.get("FAKE_RECORD"):   # every request as received, for the tests to read
+            with open(record, "a") as f:
+                f.write(json.dumps({"path": self.path, "body": body}) + "\n")
         if MODE == "errors":
             self.send(500, {"error": {"message": "fake internal error"}})
         elif MODE == "garbage":   # 200 OK with bytes that are not the API's JSON

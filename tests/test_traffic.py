@@ -128,9 +128,10 @@ def test_the_split_is_by_hash_so_identical_requests_share_a_side(tmp_path):
     rows = [{"prompt": f"p{i}", "max_tokens": 8} for i in range(300)] + [{"prompt": "p7", "max_tokens": 8}]
     t = load(write_jsonl(tmp_path / "t.jsonl", rows))
     search, heldout = t.split("search"), t.split("heldout")
-    assert len(search) + len(heldout) == 301 and 30 < len(heldout) < 90
-    sevens = [r for r in [*search, *heldout] if r.body["prompt"] == "p7"]
-    assert len(sevens) == 2 and len({split_of(r.key) for r in sevens}) == 1
+    assert len(t.requests) == 301 and len(search) + len(heldout) == 300 and 30 < len(heldout) < 90
+    sevens = [r for r in t.requests if r.body["prompt"] == "p7"]
+    assert len({split_of(r.key) for r in sevens}) == 1   # both copies on one side, and one request there
+    assert sum(r.body["prompt"] == "p7" for r in [*search, *heldout]) == 1
     # The same file in another order splits the same way.
     again = load(write_jsonl(tmp_path / "u.jsonl", list(reversed(rows))))
     assert [r.key for r in again.split("heldout")] == [r.key for r in heldout]

@@ -244,3 +244,30 @@ def test_an_instance_is_measured_on_every_repeats_draw_pooled(tmp_path, fake_mod
     assert result["status"] == "ok" and len(bench["repeats_tps"]) == 3 and len(set(bench["draw_hashes"])) == 3
     assert bench["requests"] == 12 and bench["output_tokens"] == 12 * 32 and bench["finish"] == {"length": 12}
     assert bench["tps"] == pytest.approx(bench["output_tokens"] / bench["wall_s"], rel=0.001)
+
+
+def test_the_server_receives_no_held_out_request_in_search_and_none_twice(tmp_path, fake_mode, monkeypatch):
+    """What the server was sent, read from its side: a search trial's warm-ups, repeats and quality
+    requests hold no held-out request, and no streamed request reaches the server twice."""
+    import json
+
+    from sandbox.traffic import load as load_traffic
+
+    fake_mode("ok")
+    record = tmp_path / "received.jsonl"
+    monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_MODE", "FAKE_RECORD"))
+    monkeypatch.setenv("FAKE_RECORD", str(record))
+    traffic = tmp_path / "mine.jsonl"
+    traffic.write_text("".join(json.dumps({"prompt": f"request number {i}", "max_tokens": 4 + i % 3}) + "\n"
+                               for i in range(100)))
+    workload = {"name": "mine", "meter_version": 3, "concurrency": 2, "num_prompts": 5, "warmup_requests": 2,
+                "prompt_split": "search", "traffic": str(traffic)}
+    spec = specs.from_dict({"model": "fake", "workload": workload, "repeats": 3, "deadlines": {"start_s": 30}})
+    result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
+    assert result["status"] == "ok", result["failure"]
+    heldout = {r.body["prompt"] for r in load_traffic(traffic).split("heldout")}
+    sent = [json.loads(line) for line in record.read_text().splitlines()]
+    streamed = [s["body"]["prompt"] for s in sent if s["body"].get("stream")]
+    quality = [s["body"]["prompt"] for s in sent if not s["body"].get("stream") and isinstance(s["body"].get("prompt"), str)]
+    assert len(streamed) == 2 + 3 * 5 == len(set(streamed))
+    assert quality and not (set(streamed) | set(quality)) & heldout
