@@ -57,11 +57,14 @@ class Workload:
 
     def pool(self, split: str | None = None) -> list[Request]:
         """A split's requests in their fixed order, each sampled one with its seed."""
-        split = split or self.prompt_split
+        return [seeded(r) for r in self.requests_of(split or self.prompt_split)]
+
+    def requests_of(self, split: str) -> list[Request]:
+        """A split's requests as written (no seeds added): what its hashes are taken over."""
         if self.traffic:
-            return [seeded(r) for r in _traffic(self.traffic).split(split)]
-        return [seeded(Request("completions", {"prompt": p, "max_tokens": self.max_tokens,
-                                              "temperature": self.temperature, "ignore_eos": self.ignore_eos}, i + 1))
+            return _traffic(self.traffic).split(split)
+        return [Request("completions", {"prompt": p, "max_tokens": self.max_tokens, "temperature": self.temperature,
+                                        "ignore_eos": self.ignore_eos}, i + 1)
                 for i, p in enumerate(split_prompts(split))]
 
     def warmups(self) -> list[Request]:
@@ -100,8 +103,10 @@ class Workload:
 
     def summary(self) -> dict:
         """Hashes and shares of the traffic measured: no request text."""
-        pool = self.pool()   # the split measured: its sampling mix, whichever draws a server gets
-        out = {"split": self.prompt_split, "split_hash": keys_hash(pool), "draw_hash": keys_hash(self.measured(0)),
+        pool = self.requests_of(self.prompt_split)   # the split measured: its sampling mix, whichever draws
+        first = self.warmup_requests if self.prompt_split == "search" else 0
+        out = {"split": self.prompt_split, "split_hash": keys_hash(pool),   # = the traffic file's own split hash
+               "draw_hash": keys_hash(pool[first:first + self.num_prompts]),
                "sampled_share": round(sum(r.sampled for r in pool) / len(pool), 3),
                "ignore_eos_share": round(sum(bool(r.body.get("ignore_eos")) for r in pool) / len(pool), 3)}
         if self.traffic:
