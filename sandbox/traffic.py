@@ -139,11 +139,15 @@ class Traffic:
         for name in ("search", "heldout"):
             part = self.split(name)
             out[name] = {"requests": len(part), "hash": keys_hash(part)}
-        n = len(self.requests) or 1
-        out["sampled_share"] = round(sum(r.sampled for r in self.requests) / n, 3)
-        out["natural_stop_share"] = round(sum(not r.body.get("ignore_eos") for r in self.requests) / n, 3)
-        out["chat_share"] = round(sum(r.endpoint == "chat" for r in self.requests) / n, 3)
-        return out
+        return {**out, **shares(list(self.requests))}
+
+
+def shares(requests: list[Request]) -> dict[str, float]:
+    """The mix of a set of requests: sampled, free to stop at EOS (no ignore_eos), chat."""
+    n = len(requests) or 1
+    return {"sampled_share": round(sum(r.sampled for r in requests) / n, 3),
+            "natural_stop_share": round(sum(not r.body.get("ignore_eos") for r in requests) / n, 3),
+            "chat_share": round(sum(r.endpoint == "chat" for r in requests) / n, 3)}
 
 
 def split_of(key: str) -> str:

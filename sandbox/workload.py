@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from sandbox.traffic import HELDOUT_SHARE, Request, Traffic, TrafficError, draw, keys_hash, seeded
+from sandbox.traffic import HELDOUT_SHARE, Request, Traffic, TrafficError, draw, keys_hash, seeded, shares
 from sandbox.traffic import load as load_traffic
 
 DATA = Path(str(files("sandbox").joinpath("data")))
@@ -56,8 +56,8 @@ class Workload:
     chat_template: str | None = None  # served with --chat-template for chat requests
 
     def pool(self, split: str | None = None) -> list[Request]:
-        """A split's requests in their fixed order, each sampled one with its seed."""
-        return [seeded(r) for r in self.requests_of(split or self.prompt_split)]
+        """A split's requests in their fixed order, each sampled one with its seed (built once per workload)."""
+        return list(_seeded_pool(self, split or self.prompt_split))
 
     def requests_of(self, split: str) -> list[Request]:
         """A split's requests as written (no seeds added): what its hashes are taken over."""
@@ -105,10 +105,10 @@ class Workload:
         """Hashes and shares of the traffic measured: no request text."""
         pool = self.requests_of(self.prompt_split)   # the split measured: its sampling mix, whichever draws
         first = self.warmup_requests if self.prompt_split == "search" else 0
+        mix = shares(pool)
         out = {"split": self.prompt_split, "split_hash": keys_hash(pool),   # = the traffic file's own split hash
-               "draw_hash": keys_hash(pool[first:first + self.num_prompts]),
-               "sampled_share": round(sum(r.sampled for r in pool) / len(pool), 3),
-               "ignore_eos_share": round(sum(bool(r.body.get("ignore_eos")) for r in pool) / len(pool), 3)}
+               "draw_hash": keys_hash(pool[first:first + self.num_prompts]), "sampled_share": mix["sampled_share"],
+               "ignore_eos_share": round(1 - mix["natural_stop_share"], 3)}
         if self.traffic:
             out["traffic"] = _traffic(self.traffic).summary()
         return out
@@ -116,9 +116,8 @@ class Workload:
     def summary_line(self) -> str:
         pools = {split: self.pool(split) for split in SPLITS}
         every = [*pools["search"], *pools["heldout"]]
-        sampled = sum(r.sampled for r in every) / len(every)
-        natural = sum(not r.body.get("ignore_eos") for r in every) / len(every)
-        chat = sum(r.endpoint == "chat" for r in every)
+        mix = shares(every)
+        sampled, natural, chat = mix["sampled_share"], mix["natural_stop_share"], round(mix["chat_share"] * len(every))
         source = Path(self.traffic).name if self.traffic else "the shipped prompt templates"
         return (f"{self.name}: {source}, {len(every)} requests ({len(pools['search'])} search, "
                 f"{len(pools['heldout'])} held-out; {sampled:.0%} sampled, {natural:.0%} may stop at EOS"
@@ -138,6 +137,11 @@ class Workload:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@functools.lru_cache(maxsize=32)
+def _seeded_pool(workload: Workload, split: str) -> tuple[Request, ...]:
+    return tuple(seeded(r) for r in workload.requests_of(split))
 
 
 @functools.cache

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from sandbox import bench, worker  # noqa: E402
 from sandbox.server import Server  # noqa: E402
+from sandbox.spec import argv_of  # noqa: E402
 from sandbox.workload import DATA, load_workload  # noqa: E402
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -45,13 +46,6 @@ GPU = {
                                     {})},
     "workloads": ["challenge-short", "default", "chat-cpu"],
 }
-
-
-def argv(flags: dict) -> list[str]:
-    out = []
-    for name, value in flags.items():
-        out += [f"--{name}"] if value is True else [f"--{name}", json.dumps(value) if isinstance(value, dict) else str(value)]
-    return out
 
 
 def measure(server: Server, name: str, repeats: int) -> dict:
@@ -87,7 +81,7 @@ def main() -> int:
     for config, (flags, env) in plan["configs"].items():
         if args.only and config not in args.only.split(","):
             continue
-        server = Server(args.model, argv({**fixed_flags, **flags}) + ["--chat-template", str(DATA / "traffic" / "gemma-chat.jinja")],
+        server = Server(args.model, argv_of({**fixed_flags, **flags}) + ["--chat-template", str(DATA / "traffic" / "gemma-chat.jinja")],
                         {**fixed_env, **env}, out / f"{config}.server.log")
         try:
             server.start()
