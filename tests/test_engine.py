@@ -141,35 +141,3 @@ def test_server_killed_during_the_benchmark_is_crashed_with_log_tail(embedded_mo
     no_process_left(result)
 
 
-@pytest.fixture(scope="module")
-def chat_run(embedded_model, tmp_path_factory):
-    """One real server on the shipped chat example: the user's-traffic path end to end (chat endpoint,
-    the shipped template, sampled requests stopping on their own, quality on the user's requests)."""
-    tmp = tmp_path_factory.mktemp("chat")
-    from sandbox.workload import load_workload
-
-    workload = {**load_workload("chat-cpu").as_dict(), "num_prompts": 2}   # 2 a phase: about 5 minutes in all
-    spec = {**BASE, "model": str(embedded_model), "workload": workload, "repeats": 2, "heldout_bench": True}
-    return run_worker(tmp, "chat", spec)
-
-
-def test_chat_traffic_is_served_through_the_chat_endpoint_with_the_shipped_template(chat_run):
-    r = chat_run
-    assert r["status"] == "ok", r["failure"]
-    assert "--chat-template" in r["argv"] and r["argv"][r["argv"].index("--chat-template") + 1].endswith("gemma-chat.jinja")
-    bench = r["bench"]
-    assert bench["errors"] == 0 and bench["requests"] == 4 and len(bench["repeats_tps"]) == 2
-    assert sum(bench["finish"].values()) == 4 and set(bench["finish"]) <= {"eos", "stop", "length"}
-    traffic = r["workload"]["traffic"]
-    assert traffic["chat_share"] == 1.0 and traffic["file_hash"] and r["workload"]["sampled_share"] > 0
-    # The held-out phase measured other requests than the search phase.
-    assert r["bench_heldout"]["draw_hash"] != bench["draw_hash"] and r["bench_heldout"]["tps"] > 0
-
-
-def test_chat_quality_compares_greedy_outputs_on_the_users_own_requests(chat_run):
-    greedy = chat_run["quality"]["greedy"]
-    assert len(greedy) == 8 and all(len(g["token_ids"]) >= 1 for g in greedy)
-    # Named by hash, no text kept: the user's prompts and outputs stay out of results and branches.
-    assert all(len(g["id"]) == 16 and g["text"] == "" for g in greedy)
-    for g in greedy:   # the chat endpoint's logprobs, read into the same top-k by token id
-        assert g["top_logprobs"] and all(str(t) in top for t, top in zip(g["token_ids"], g["top_logprobs"]))

@@ -220,7 +220,7 @@ def test_a_worker_killed_mid_trial_is_recorded_once_and_the_run_goes_on(postgres
 
 
 def test_the_database_going_away_stops_workers_cleanly_with_a_resume_hint(postgres, tmp_path):
-    x = share(postgres, tmp_path, "120s")
+    x = share(postgres, tmp_path, "80s")
     run, joined, ledger, run_id, found = x.run, x.joined, x.ledger, x.run_id, x.found
     wait_until(lambda: sum(1 for t in ledger.trials(run_id) if t.source == "sampler") >= 4)
     ledger.engine.dispose()
