@@ -174,6 +174,13 @@ def run(
                                                                         "first token is above this."),
     slo_itl_p99_ms: float = typer.Option(G.itl_p99_ms_max, min=0, help="SLO: refuse configs whose p99 inter-token "
                                                                       "latency is above this."),
+    slo_e2e_p99_ms: float = typer.Option(None, min=0, help="SLO for --objective goodput: p99 end-to-end latency."),
+    arrivals: str = typer.Option(None, help="How requests arrive: concurrency (the workload's), rate:R[,burstiness=B]"
+                                            "[,seed=S] or poisson:R (requests/s, as vllm bench serve), trace[:SCALE] "
+                                            "(the traffic's timestamps); docs/arrivals.md."),
+    objective: str = typer.Option(None, help="What ranks configs: tps (output tokens/s at a fixed concurrency) or "
+                                             "goodput (the highest request rate whose p99 SLOs hold; open-loop "
+                                             "arrivals and at least one --slo-*)."),
     repeats: int = typer.Option(S.repeats, min=1, max=20, help="Measured repeats per server instance."),
     seed: int = typer.Option(S.seed, help="Sampler seed."),
     sampler_per_planner: int = typer.Option(S.sampler_per_planner, min=0, max=100,
@@ -250,6 +257,11 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
             load_traffic(traffic)
         except TrafficError as e:
             raise fail(f"--traffic: {e}") from None
+    if settings["arrivals"] or settings["objective"]:
+        try:   # the profile, the objective and a trace's timestamps, before the model is prepared
+            _arrivals(replace(meter, traffic=str(traffic.resolve()) if traffic else meter.traffic), settings)
+        except TrafficError as e:
+            raise fail(str(e)) from None
     quality = quality or ("default" if gpu else "quick")
     try:
         quality_set = load_quality(quality, str(quality_text.resolve()) if quality_text else None)
@@ -301,11 +313,12 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
             requests, named = list(source.requests), str(traffic)
         else:
             requests, named = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
+        meter = _arrivals(meter, settings)
         meter.check(settings["repeats"])
         longest = traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens) if tokens else None
     except TrafficError as e:
         shutil.rmtree(home / run_id, ignore_errors=True)   # the copy of a run that never started
-        raise fail(f"--traffic: {e}" if traffic else f"--workload: {e}") from None
+        raise fail(str(e) if str(e).startswith("--") else f"--traffic: {e}" if traffic else f"--workload: {e}") from None
     context = traffics.context_length(longest, quality_set, tokens.limit) if tokens else None
     if context:
         space = space.with_fixed_flag("max-model-len", context)
@@ -324,6 +337,26 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
                   "traffic": meter.summary(), "traffic_source": source.summary() if traffic else None,
                   "model_given": model_given, "storage": where().kind, "choices": _choices(space),
                   "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
+
+
+def _arrivals(meter, settings: dict):
+    """--arrivals and --objective on the workload; under goodput its SLOs are the run's --slo-* bounds."""
+    from sandbox.traffic import TrafficError
+    from sandbox.workload import check_objective
+
+    if not (settings["arrivals"] or settings["objective"]):
+        return meter
+    meter = replace(meter, arrivals=settings["arrivals"] or meter.arrivals, objective=settings["objective"] or
+                    ("goodput" if settings["arrivals"] and settings["arrivals"] != "concurrency" else meter.objective))
+    if meter.objective == "goodput":
+        meter = replace(meter, slo_ttft_p99_ms=settings["slo_ttft_p99_ms"], slo_itl_p99_ms=settings["slo_itl_p99_ms"],
+                        slo_e2e_p99_ms=settings["slo_e2e_p99_ms"])
+    try:
+        check_objective(meter, "--objective", "--arrivals")
+    except ValueError as e:   # TrafficError: the caller removes the run's copy of the traffic and says it
+        raise TrafficError(str(e).replace("slo_ttft_p99_ms, slo_itl_p99_ms, slo_e2e_p99_ms",
+                                          "--slo-ttft-p99-ms, --slo-itl-p99-ms, --slo-e2e-p99-ms")) from None
+    return meter
 
 
 def served_model(model: str, revision: str | None) -> str:

@@ -255,12 +255,23 @@ def greedy_of(result: dict) -> dict:
     return {"ids": [g["token_ids"] for g in greedy], "tops": [g.get("top_logprobs") for g in greedy]}
 
 
+def figure(bench: dict) -> float:
+    """An instance's figure under the run's objective (sandbox.workload.OBJECTIVES): output tokens/s
+    at a fixed concurrency, or goodput in requests/s; older results carry tokens/s alone."""
+    return bench.get("figure", bench["tps"])
+
+
+def unit(meter: dict | None) -> str:
+    """How the figure reads: a trial's meter (or a run's traffic summary) names its objective."""
+    return "req/s goodput" if (meter or {}).get("objective") == "goodput" else "tok/s"
+
+
 def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings = GateSettings()) -> Verdict:
     if result.get("status") != "ok":
         failure = result.get("failure") or {}
         return Verdict(False, [f"trial failed: {failure.get('class')}: {failure.get('message', '')[:200]}"], False)
     reasons = []
-    tps, ppl = result["bench"]["tps"], result["quality"]["ppl"]
+    tps, ppl = figure(result["bench"]), result["quality"]["ppl"]
     search = compare([tps], base.search, base.noise, settings.level, base.drift)
     ppl_change = ppl / base.ppl - 1
     greedy = greedy_of(result)

@@ -9,6 +9,7 @@ import structlog
 from rich.console import Console
 from rich.markup import escape
 from agent import refusals
+from agent.gate import unit
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
@@ -28,7 +29,7 @@ def _line(event: str, info: dict) -> str | None:
         cal = info["calibration"]
         rule = (f"greedy rule {cal['rule']}, tau {cal['tau']:.3f} nats, up to {cal['flips_allowed']} near-tie flips"
                 if cal["rule"] == "calibrated" else "greedy rule exact")
-        return escape(f"baseline: {info['tps']:.2f} tok/s (instances {instances}; noise ±{info['noise']:.1%} "
+        return escape(f"baseline: {info['tps']:.2f} {info.get('unit', 'tok/s')} (instances {instances}; noise ±{info['noise']:.1%} "
                       f"log-sd, {info['df']} df), ppl {info['ppl']:.4f}; {rule}")
     if event == "aa":
         return escape(info["line"])
@@ -36,10 +37,11 @@ def _line(event: str, info: dict) -> str | None:
         return f"drift check: defaults at {info['factor']:.3f}x of the baseline; correction {info['applied']}"
     if event == "result":
         t = info["row"]
+        u = unit(t.meter)
         if t.decision == "speed-only":
-            return f"trial {t.number}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x); rejected: {escape(t.gate_reasons[0])}"
+            return f"trial {t.number}: {t.tps:.2f} {u} ({t.tps_ratio:.3f}x); rejected: {escape(t.gate_reasons[0])}"
         if t.status == "pruned":
-            return f"trial {t.number} [yellow]pruned[/] at {t.tps:.2f} tok/s: {escape((t.gate_reasons or [''])[0])}"
+            return f"trial {t.number} [yellow]pruned[/] at {t.tps:.2f} {u}: {escape((t.gate_reasons or [''])[0])}"
         if t.status != "ok":
             return f"trial {t.number} [red]{t.failure_class}[/]: {escape((t.failure_message or '')[:160])}"
         if t.branch:
@@ -51,7 +53,7 @@ def _line(event: str, info: dict) -> str | None:
         held = (f", held-out {t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
                 if t.heldout_ratio is not None and t.heldout_interval else "")
         flips = f", {len(t.flips)} near-tie flip(s)" if t.flips else ""
-        return (f"trial {t.number}: {t.tps:.2f} tok/s ({t.tps_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
+        return (f"trial {t.number}: {t.tps:.2f} {u} ({t.tps_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
                 f"agreement {t.agreement:.0%}{flips}; {verdict}")
     if event == "learned":
         return escape(f"learned from trial {info['number']}: vLLM refuses {info['settings']} ({info['how']}); "

@@ -517,7 +517,8 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
         status=result.get("status", "failed"), failure_class=failure.get("class"),
         failure_message=failure.get("message"), failure_cause=failure.get("cause"),
         failed_phase=result.get("failed_phase"), log_tail=failure.get("log_tail") or None,
-        tps=bench.get("tps"), ppl=quality.get("ppl"), heldout_tps=(result.get("bench_heldout") or {}).get("tps"),
+        tps=gate.figure(bench) if bench else None, ppl=quality.get("ppl"),
+        heldout_tps=gate.figure(result["bench_heldout"]) if result.get("bench_heldout") else None,
         errors=bench.get("errors"),
         ttft_p99_ms=(bench.get("ttft_ms") or {}).get("p99"), itl_p99_ms=(bench.get("itl_ms") or {}).get("p99"),
         metrics=result.get("metrics") or {}, greedy=[g["token_ids"] for g in quality.get("greedy") or []] or None,
@@ -525,7 +526,7 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
         timings=result.get("timings") or {}, log_path=result.get("log_path"),
         meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow(),
         measured={"ttft_ms": bench.get("ttft_ms"), "itl_ms": bench.get("itl_ms"), "repeats_tps": bench.get("repeats_tps"),
-                  "finish": bench.get("finish"),
+                  "finish": bench.get("finish"), "tpot_ms": bench.get("tpot_ms"), "goodput": bench.get("goodput"),
                   "engine": result.get("engine"), "hardware": result.get("hardware"), "device": result.get("device")})
     repeats = [x for x in bench.get("repeats_tps") or [] if x and x > 0]
     if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`
@@ -616,7 +617,7 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
                   noise_df=noise.df, calibration={**(run.calibration or {}), **base.calibration.as_dict(),
                                                   "aa": verdict.line})
     say("baseline", tps=base.tps, ppl=base.ppl, noise=noise.sd, df=noise.df, instances=base.search,
-        calibration=base.calibration.as_dict())
+        calibration=base.calibration.as_dict(), unit=gate.unit((run.settings or {}).get("traffic")))
     return base
 
 
@@ -713,7 +714,7 @@ def cut_short(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Cal
     defaults (`pruned`; Optuna hears PRUNED with the partial ratio), or run to the end but not faster
     than them (`speed-only`: no quality verdict could change the outcome). Feasible for Optuna, no
     held-out decision."""
-    ratio = round(result["bench"]["tps"] / (base.tps * base.drift), 4)
+    ratio = round(gate.figure(result["bench"]) / (base.tps * base.drift), 4)
     if p := result.get("pruned"):
         decision = "pruned"
         why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} tok/s, "
@@ -775,7 +776,7 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
         except MeasureFailed as e:
             finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
             raise
-        tps = result["bench"]["tps"]
+        tps = gate.figure(result["bench"])
         finish(ledger, extra, status="ok", heldout_tps=tps, decision="extra", constraint=0.0,
                meter=result.get("workload") or {}, timings=result.get("timings") or {}, log_path=result.get("log_path"),
                gate_reasons=[f"extra instance of the defaults for trial {row.number}'s held-out decision"])
@@ -783,12 +784,12 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
 
     counter = iter(range(2, 1000))
     try:
-        first = instance(row, "-1")["bench"]["tps"]
+        first = gate.figure(instance(row, "-1")["bench"])
     except MeasureFailed as e:
         ledger.update(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
         return False
     first_s = times[0]
-    decision = gate.decide(first, base, settings.gate, lambda: instance(row, f"-{next(counter)}")["bench"]["tps"],
+    decision = gate.decide(first, base, settings.gate, lambda: gate.figure(instance(row, f"-{next(counter)}")["bench"]),
                            more_defaults, row.tps_ratio)
     c = decision.comparison
     values = sorted(decision.candidate)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from agent.gate import unit
 from agent.ledger import Run, Trial
 
 
@@ -77,7 +78,7 @@ def message(run: Run, trial: Trial) -> str:
     else:
         claim = f"{trial.tps_ratio:.3f}x defaults on the search prompts"
     flips = f", {len(trial.flips)} near-tie flip(s)" if trial.flips else ""
-    head = (f"trial {trial.number}: {trial.tps:.2f} tok/s, {claim}, ppl {trial.ppl:.4f} ({trial.ppl_change:+.2%}), "
+    head = (f"trial {trial.number}: {trial.tps:.2f} {unit(trial.meter)}, {claim}, ppl {trial.ppl:.4f} ({trial.ppl_change:+.2%}), "
             f"greedy agreement {trial.agreement:.0%}{flips}")
     changed = ", ".join(f"{k}={v}" for k, v in trial.params.items())
     body = f"\n\nChanged: {changed}\n" + (f"Why: {trial.rationale}\n" if trial.rationale else "")

@@ -22,6 +22,7 @@ import git
 
 from agent import hub
 from agent.ledger import Ledger
+from agent.gate import figure
 from agent.stats import compare, pooled_noise
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
@@ -69,7 +70,7 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, m
             if result.get("status") != "ok":
                 failure = result.get("failure") or {}
                 raise VerifyError(f"{name} failed in round {i + 1}: {failure.get('class')}: {failure.get('message')}")
-            figures[name].append(result["bench"]["tps"])
+            figures[name].append(figure(result["bench"]))
         noise = pooled_noise([run_defaults, figures["defaults"], figures["candidate"]])
         c = compare(figures["candidate"], figures["defaults"], noise, level=0.975)
         if band[0] <= c.low and c.high <= band[1]:

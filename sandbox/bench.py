@@ -39,11 +39,12 @@ class BenchResult:
     errors: int
     short_outputs: int
     ttft_ms: dict[str, float]
-    itl_ms: dict[str, float]
-    latency_ms: dict[str, float]
+    itl_ms: dict[str, float]      # every gap between two streamed chunks: what a reader waits for
+    latency_ms: dict[str, float]  # end to end, send to last byte
     first_error: str | None
     finish: dict[str, int] = field(default_factory=dict)   # how the requests ended: eos, stop, length
     draw_hash: str | None = None                           # the requests measured (sandbox.traffic.keys_hash)
+    tpot_ms: dict[str, float] = field(default_factory=dict)  # per request: (latency - TTFT) / (tokens - 1)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -267,16 +268,21 @@ class Pruner:
 
 
 async def run_requests(base_url: str, model: str, requests: list[Request], concurrency: int,
-                       timeout_s: float, pruner: Pruner | None = None) -> tuple[list[RequestResult], float]:
+                       timeout_s: float, pruner: Pruner | None = None,
+                       offsets: list[float] | None = None) -> tuple[list[RequestResult], float]:
     """Send requests, `concurrency` at a time; returns results (in request order) and the phase's
-    wall time. With a pruner, the requests still to run are cancelled once it calls the phase
-    hopeless, and only the finished ones are returned."""
+    wall time. With offsets (sandbox.arrivals: open loop), request i is sent `offsets[i]` seconds
+    after the start whatever the server does, `concurrency` still capping those in flight. With a
+    pruner, the requests still to run are cancelled once it calls the phase hopeless, and only the
+    finished ones are returned."""
     gate = asyncio.Semaphore(concurrency)
     pool = _Connections(base_url, connect_timeout_s=10.0)
     done: list[RequestResult] = []
     stop = asyncio.Event()
 
-    async def bounded(request: Request) -> RequestResult | None:
+    async def bounded(request: Request, at: float | None) -> RequestResult | None:
+        if at:
+            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
         async with gate:
             if stop.is_set():
                 return None
@@ -289,7 +295,9 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
 
     try:
         start = time.perf_counter()
-        results = await asyncio.wait_for(asyncio.gather(*(bounded(r) for r in requests)), timeout_s)
+        times = offsets if offsets is not None else [None] * len(requests)
+        results = await asyncio.wait_for(asyncio.gather(*(bounded(r, at) for r, at in zip(requests, times))),
+                                         timeout_s)
         return [r for r in results if r is not None], time.perf_counter() - start
     finally:
         pool.close()
@@ -317,6 +325,8 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
         first_error=errors[0].error if errors else None,
         finish=finish,
         draw_hash=keys_hash(requests),
+        tpot_ms=percentiles([(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok
+                             if r.ttft_s is not None and r.output_tokens > 1]),
     )
 
 

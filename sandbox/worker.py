@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from sandbox import bench, host, metrics, quality, spec as specs
+from sandbox import bench, goodput, host, metrics, quality, spec as specs
 from sandbox.failures import TrialFailure, log_tail
 from sandbox.server import VLLM_LAUNCHER, Server
 
@@ -60,7 +60,8 @@ def _interrupt(signum, frame):
 
 
 async def _measure(server: Server, workload, requests: list, timeout_s: float,
-                   pruner: bench.Pruner | None = None) -> tuple[bench.BenchResult, dict]:
+                   pruner: bench.Pruner | None = None, offsets: list[float] | None = None
+                   ) -> tuple[bench.BenchResult, dict]:
     async with httpx.AsyncClient(timeout=5.0) as client:
         before = await metrics.scrape(client, server.base_url)
     sampler = metrics.Sampler(server.base_url)
@@ -68,7 +69,7 @@ async def _measure(server: Server, workload, requests: list, timeout_s: float,
     sampling = asyncio.create_task(sampler.run(stop))
     try:
         results, wall = await bench.run_requests(server.base_url, server.model_name, requests,
-                                                 workload.concurrency, timeout_s, pruner)
+                                                 workload.concurrency, timeout_s, pruner, offsets)
     finally:
         stop.set()
         await sampling
@@ -141,6 +142,10 @@ class TrialRun:
     def benchmark(self) -> None:
         self.enter("benchmark")
         spec, workload = self.spec, self.spec.workload
+        if workload.objective == "goodput":
+            self.result["bench"] = self.goodput(workload)
+            self.lap("benchmark")
+            return
         pruner = (bench.Pruner.for_workload(spec.prune_below_tps, workload)
                   if spec.prune_below_tps is not None else None)
         runs = []
@@ -167,10 +172,45 @@ class TrialRun:
             raise TrialFailure("bad_output", f"{figures['short_outputs']} of {figures['requests']} requests did not "
                                              f"return the max_tokens asked for with ignore_eos")
 
+    def goodput(self, workload) -> dict:
+        """The objective goodput: rate points, each a fresh draw of this server's split on the same
+        seeded arrival pattern scaled to its rate (sandbox.goodput). The instance's figure is the
+        highest rate that held its SLOs; the latencies shown are that point's."""
+        draws = iter(range(workload.rate_points()))
+        measured: list[bench.BenchResult] = []
+
+        def measure(rate: float) -> bench.BenchResult:
+            point = next(draws)
+            requests = workload.measured(point)
+            offsets = workload.offsets(len(requests), point, rate)
+            budget = self.bench_s + offsets[-1]   # from the last request's send time
+            with deadline(budget + 10, self.phase):
+                result, _ = asyncio.run(_measure(self.server, workload, requests, budget, offsets=offsets))
+            self.server.fail_if_dead(self.phase)
+            measured.append(result)
+            return result
+
+        if workload.rate_points() < 2:
+            raise TrialFailure("bad_output", f"{workload.where(workload.prompt_split)}: goodput needs at least two "
+                                             f"fresh draws of {workload.num_prompts} requests on one server")
+        found = goodput.search(measure, workload.slo(), workload.start_rate(), max_points=workload.rate_points())
+        if found.rate == 0:   # no figure to compare: the SLOs are out of this config's reach on this host
+            lowest = found.points[-1]
+            raise TrialFailure("bad_output", f"no rate held the SLOs: the lowest tried, {lowest.rate:g} requests/s, "
+                                             f"broke them ({'; '.join(lowest.misses)})")
+        held = [m for m, p in zip(measured, found.points) if p.held and p.rate == found.rate]
+        shown = held[0] if held else measured[0]
+        return {**shown.to_dict(), "objective": "goodput", "figure": found.rate, "goodput": found.as_dict(),
+                "repeats_tps": [m.tps for m in measured], "draw_hashes": [m.draw_hash for m in measured]}
+
     def heldout(self) -> None:
         """Same server, other prompts: the defaults' reference for held-out decisions."""
         spec = self.spec
         heldout = spec.workload.with_split("heldout")
+        if heldout.objective == "goodput":
+            self.result["bench_heldout"] = {**self.goodput(heldout), "hash": heldout.hash}
+            self.lap("heldout")
+            return
         with deadline(self.bench_s * spec.repeats + 10, self.phase):
             reps = [asyncio.run(_measure(self.server, heldout, heldout.measured(r), self.bench_s))[0]
                     for r in range(spec.repeats)]
@@ -223,6 +263,7 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult) -> dict:
             finish[k] = finish.get(k, 0) + v
     return {**median.to_dict(), "tps": round(tokens / wall, 3) if wall > 0 else 0.0, "output_tokens": tokens,
             "wall_s": round(wall, 3), "requests": sum(r.requests for r in reps), "finish": finish,
+            "objective": "tps", "figure": round(tokens / wall, 3) if wall > 0 else 0.0,
             "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
             "repeats_tps": [r.tps for r in reps], "draw_hashes": [r.draw_hash for r in reps]}
 
@@ -244,7 +285,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
             if spec.heldout_bench:
                 run.heldout()
             if spec.quality is not None:  # None: a speed re-check, quality was measured already
-                if spec.quality_above_tps is None or run.result["bench"]["tps"] > spec.quality_above_tps:
+                if spec.quality_above_tps is None or run.result["bench"]["figure"] > spec.quality_above_tps:
                     run.quality()
                 else:   # too slow to be accepted whatever its quality: the seconds go to the next trial
                     run.result["quality_skipped"] = (f"{run.result['bench']['tps']} tok/s is not above "

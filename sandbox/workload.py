@@ -18,6 +18,9 @@ from typing import Any
 
 import yaml
 
+from sandbox.arrivals import Arrivals, mean_rate
+from sandbox.arrivals import parse as parse_arrivals
+from sandbox.goodput import Slo
 from sandbox.traffic import HELDOUT_SHARE, Request, Traffic, TrafficError, draw, keys_hash, seeded, shares
 from sandbox.traffic import load as load_traffic
 
@@ -31,7 +34,14 @@ WORKLOAD_FIELDS = {
     "max_tokens": ((int, type(None)), False), "ignore_eos": ((bool, type(None)), False),
     "temperature": ((float, type(None)), False), "traffic": ((str, type(None)), False),
     "chat_template": ((str, type(None)), False),
+    # How requests arrive and what ranks configs (sandbox.arrivals, sandbox.goodput; docs/arrivals.md).
+    "arrivals": ((str,), False), "objective": ((str,), False),
+    "slo_ttft_p99_ms": ((float, type(None)), False), "slo_itl_p99_ms": ((float, type(None)), False),
+    "slo_e2e_p99_ms": ((float, type(None)), False),
 }
+ARRIVAL_FIELDS = ("arrivals", "objective", "slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_e2e_p99_ms")
+OBJECTIVES = ("tps", "goodput")   # output tokens/s at the fixed concurrency; requests/s within the SLOs
+MAX_RATE_POINTS = 12
 SPLITS = ("search", "heldout")
 
 
@@ -54,6 +64,41 @@ class Workload:
     temperature: float | None = None
     traffic: str | None = None        # a traffic file (sandbox.traffic); None: the shipped prompt templates
     chat_template: str | None = None  # served with --chat-template for chat requests
+    arrivals: str = "concurrency"     # sandbox.arrivals.parse: concurrency, rate:R[,burstiness=B][,seed=S], trace[:S]
+    objective: str = "tps"            # what an instance's figure is: OBJECTIVES
+    slo_ttft_p99_ms: float | None = None
+    slo_itl_p99_ms: float | None = None
+    slo_e2e_p99_ms: float | None = None
+
+    def arrival_profile(self) -> Arrivals:
+        return parse_arrivals(self.arrivals, f"{self.name}.arrivals")
+
+    def slo(self) -> Slo:
+        return Slo(self.slo_ttft_p99_ms, self.slo_itl_p99_ms, self.slo_e2e_p99_ms)
+
+    def trace_times(self) -> list[float] | None:
+        """The traffic file's timestamps in the file's order (every request, either split): the timing a
+        trace lends its phases (sandbox.arrivals)."""
+        if not self.traffic:
+            return None
+        times = [r.timestamp for r in _traffic(self.traffic).requests]
+        return times if times and None not in times else None
+
+    def offsets(self, count: int, window: int, rate: float | None = None) -> list[float] | None:
+        """When phase `window`'s requests are sent (None: closed loop at the workload's concurrency)."""
+        return self.arrival_profile().offsets(count, rate, window, self.trace_times())
+
+    def start_rate(self) -> float:
+        """Where the goodput search starts: the profile's rate, or the trace's own pace (times its scale)."""
+        profile = self.arrival_profile()
+        if profile.kind == "rate":
+            return profile.rate
+        return min(mean_rate(self.trace_times()) / profile.scale, 1000.0)
+
+    def rate_points(self) -> int:
+        """Fresh draws one server can take for the goodput search (no request twice), at most 12."""
+        first = self.warmup_requests if self.prompt_split == "search" else 0
+        return min(MAX_RATE_POINTS, (len(self.pool()) - first) // self.num_prompts)
 
     def pool(self, split: str | None = None) -> list[Request]:
         """A split's requests in their fixed order, each sampled one with its seed (built once per workload)."""
@@ -108,7 +153,8 @@ class Workload:
         mix = shares(pool)
         out = {"split": self.prompt_split, "split_hash": keys_hash(pool),   # = the traffic file's own split hash
                "draw_hash": keys_hash(pool[first:first + self.num_prompts]), "sampled_share": mix["sampled_share"],
-               "ignore_eos_share": round(1 - mix["natural_stop_share"], 3)}
+               "ignore_eos_share": round(1 - mix["natural_stop_share"], 3),
+               "arrivals": self.arrival_profile().text(), "objective": self.objective}
         if self.traffic:
             out["traffic"] = _traffic(self.traffic).summary()
         return out
@@ -121,11 +167,16 @@ class Workload:
         source = Path(self.traffic).name if self.traffic else "the shipped prompt templates"
         return (f"{self.name}: {source}, {len(every)} requests ({len(pools['search'])} search, "
                 f"{len(pools['heldout'])} held-out; {sampled:.0%} sampled, {natural:.0%} may stop at EOS"
-                f"{f', {chat} chat' if chat else ''}), {self.num_prompts} a phase at concurrency {self.concurrency}")
+                f"{f', {chat} chat' if chat else ''}), {self.num_prompts} a phase at concurrency {self.concurrency}"
+                + ("" if self.objective == "tps" else
+                   f"; arrivals {self.arrival_profile().describe()}, objective goodput (the highest rate whose "
+                   + ", ".join(f"{k.replace('_p99_ms', '').upper()} p99 <= {v:g} ms" for k, v in self.slo().bounds().items())
+                   + " holds)"))
 
     @property
     def hash(self) -> str:
-        profile = {k: v for k, v in asdict(self).items() if k not in ("traffic", "chat_template")}  # paths differ by host
+        profile = {k: v for k, v in asdict(self).items() if k not in ("traffic", "chat_template")  # paths differ by host
+                   and not (k in ARRIVAL_FIELDS and v == Workload.__dataclass_fields__[k].default)}  # older hashes hold
         payload = json.dumps({"profile": profile, "requests": [r.key for r in self.pool()],
                               "warmups": [r.key for r in self.pool("search")[:self.warmup_requests]],
                               "template": _digest(self.chat_template) if self.chat_template else None},
@@ -208,13 +259,15 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
         raise ValueError(f"{where}: missing field {missing[0]!r}")
     values = {}
     for key, (kinds, _) in WORKLOAD_FIELDS.items():
-        value = raw.get(key)
+        value = raw.get(key, Workload.__dataclass_fields__[key].default if key in ("arrivals", "objective") else None)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kinds) or (int in kinds and isinstance(value, bool)):
             raise ValueError(f"{where}.{key}: {value!r} is not a {kinds[0].__name__}")
         if isinstance(value, int) and not isinstance(value, bool) and value < (0 if key == "warmup_requests" else 1):
             raise ValueError(f"{where}.{key}: {value!r} is out of range")
+        if key.startswith("slo_") and value is not None and not 0 < value < math.inf:
+            raise ValueError(f"{where}.{key}: {value!r} is not a positive number of milliseconds")
         if key in ("traffic", "chat_template") and value is not None:
             value = str((base / value).resolve())
             if not Path(value).is_file():
@@ -232,7 +285,30 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
         raise ValueError(f"{where}.prompt_split: {workload.prompt_split!r} is not one of {', '.join(SPLITS)}")
     if workload.traffic:
         _traffic(workload.traffic)   # every request checked now, before any server starts
+    check_objective(workload, where)
     return workload
+
+
+def check_objective(workload: Workload, where: str, arrivals_where: str | None = None) -> None:
+    """The objective must be able to rank configs under the arrivals (docs/arrivals.md)."""
+    profile = parse_arrivals(workload.arrivals, arrivals_where or f"{where}.arrivals")
+    if workload.objective not in OBJECTIVES:
+        raise ValueError(f"{where}.objective: {workload.objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if workload.objective == "tps" and profile.open_loop:
+        raise ValueError(f"{where}: objective 'tps' under arrivals {workload.arrivals!r}: below saturation an "
+                         f"open-loop server's tokens/s is the offered load whatever its config; use objective goodput")
+    if workload.objective == "goodput" and not profile.open_loop:
+        raise ValueError(f"{where}: objective 'goodput' needs open-loop arrivals (rate:R or trace), not "
+                         f"{workload.arrivals!r}")
+    if workload.objective == "goodput" and not workload.slo().bounds():
+        raise ValueError(f"{where}: objective 'goodput' needs at least one SLO (slo_ttft_p99_ms, slo_itl_p99_ms, "
+                         f"slo_e2e_p99_ms)")
+    if profile.kind == "trace":
+        untimed = next((r for r in (_traffic(workload.traffic).requests if workload.traffic else [None])
+                        if r is None or r.timestamp is None), False)
+        if untimed is not False:
+            raise ValueError(f"{where}: arrivals 'trace' needs a traffic file with a timestamp on each request"
+                             + (f" ({workload.traffic}:{untimed.line} has none)" if untimed else ""))
 
 
 def load_quality(name: str = "default", text_path: str | None = None) -> Quality:

@@ -11,6 +11,9 @@ docs/traffic.md.
 chat.jsonl: chat requests (messages) for the chat endpoint, served with gemma-chat.jinja (the
 embedded model is a base model; its GGUF has no template).
 
+trace.jsonl: default.jsonl's requests with a timestamp each (bursty arrivals, one a second on
+average): the shipped trace for `--arrivals trace`.
+
     python scripts/make_traffic.py
 """
 
@@ -113,8 +116,22 @@ def chat_traffic() -> list[dict]:
     return rows
 
 
+def trace_traffic() -> list[dict]:
+    """The default's requests as a timestamped trace: bursty arrivals (gamma gaps, shape 0.5, so the
+    gaps spread twice as wide as a Poisson process's) at one request a second on average, in seconds
+    from the first. Replayed by `--arrivals trace` at its pace, scaled by `trace:SCALE`, or searched
+    for its goodput (docs/arrivals.md)."""
+    rng = random.Random(2)
+    now, rows = 0.0, []
+    for row in default_traffic():
+        rows.append({"timestamp": round(now, 3), **row})
+        now += rng.gammavariate(0.5, 2.0)
+    return rows
+
+
 def main() -> None:
-    for name, rows in (("default.jsonl", default_traffic()), ("chat.jsonl", chat_traffic())):
+    for name, rows in (("default.jsonl", default_traffic()), ("chat.jsonl", chat_traffic()),
+                       ("trace.jsonl", trace_traffic())):
         (OUT / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"wrote {len(rows)} requests to {OUT / name}")
 

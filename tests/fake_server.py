@@ -13,11 +13,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODE = os.environ.get("FAKE_MODE", "ok")   # memo: a body seen before is answered at once (a cross-request cache)
 TOKEN_S = float(os.environ.get("FAKE_TOKEN_S", "0.002"))
+# FAKE_SLOTS=k: at most k requests decode at once, the others wait in line (their TTFT grows with the
+# queue): a server whose latency rises with load, with a known capacity of k / (tokens * FAKE_TOKEN_S).
+SLOTS = threading.BoundedSemaphore(int(os.environ.get("FAKE_SLOTS", "0")) or 10_000)
 VOCAB = 1000
 SEEN: set[str] = set()
 
@@ -91,13 +95,14 @@ class Handler(BaseHTTPRequestHandler):
         key = json.dumps(body, sort_keys=True)
         cached = MODE == "memo" and key in SEEN
         SEEN.add(key)
-        for i in range(n):
-            if not cached:
-                time.sleep(TOKEN_S)
-            choice = {"index": 0, **({"delta": {"content": " w"}} if chat else {"text": " w"}),
-                      **({"finish_reason": "length"} if i == n - 1 else {})}
-            self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
-            self.wfile.flush()
+        with SLOTS:
+            for i in range(n):
+                if not cached:
+                    time.sleep(TOKEN_S)
+                choice = {"index": 0, **({"delta": {"content": " w"}} if chat else {"text": " w"}),
+                          **({"finish_reason": "length"} if i == n - 1 else {})}
+                self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+                self.wfile.flush()
         usage = {"choices": [], "usage": {"completion_tokens": n, "prompt_tokens": 5}}
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         self.wfile.flush()

@@ -1,0 +1,126 @@
+"""How requests arrive: a fixed concurrency (closed loop), an open-loop rate, or a trace's own times.
+
+- `concurrency`: `concurrency` requests in flight, the next sent as one finishes (the meter's
+  original profile; tokens/s ranks configs under it).
+- `rate:R[,burstiness=B][,seed=S]`: requests sent at R a second whatever the server does, the gaps
+  drawn as `vllm bench serve --request-rate R --burstiness B` draws them (gamma with shape B and
+  scale 1/(R*B); B=1 is a Poisson process), then scaled so that n requests span n/R seconds, as
+  vLLM does. The gaps come from the seed alone, so every config gets the same arrivals, and one
+  pattern serves every rate (the goodput search scales it).
+- `trace[:SCALE]`: the trace's own timing (its `timestamp`s, consecutive, from the first), times
+  SCALE (0.5 plays it twice as fast); the goodput search rescales its pace instead.
+
+In an open-loop profile the workload's `concurrency` caps the requests in flight, as
+`--max-concurrency` does (docs/arrivals.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sandbox.traffic import TrafficError
+
+KINDS = ("concurrency", "rate", "trace")
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    kind: str = "concurrency"
+    rate: float | None = None        # requests a second (rate)
+    burstiness: float = 1.0          # gamma shape (rate): 1 Poisson, below 1 burstier, above 1 steadier
+    scale: float = 1.0               # trace: a multiplier on its gaps
+    seed: int = 0
+
+    @property
+    def open_loop(self) -> bool:
+        return self.kind != "concurrency"
+
+    def offsets(self, count: int, rate: float | None = None, window: int = 0,
+                trace: list[float] | None = None) -> list[float] | None:
+        """When each of `count` requests is sent, in seconds from the phase's start (None: closed loop).
+
+        rate overrides the profile's own (the goodput search measures several). A trace lends its
+        timing, not its requests: phase `window` takes the trace's `count` consecutive timestamps from
+        position window * count (wrapping), relative to the first, times `scale`, or rescaled so the
+        trace's mean rate becomes `rate`. Which requests are sent is the draw's business (fresh ones
+        on every phase), so a trace's timing never makes a server see one request twice."""
+        if self.kind == "concurrency":
+            return None
+        if self.kind == "rate":
+            return [t / (rate or self.rate) for t in unit_times(count, self.burstiness, self.seed)]
+        if not trace or len(trace) < 2:
+            raise TrafficError("arrivals 'trace' needs a traffic file with two or more timestamps")
+        first = window * count
+        times = [trace[(first + i) % len(trace)] + (trace[-1] - trace[0]) * ((first + i) // len(trace))
+                 for i in range(count)]
+        factor = self.scale if rate is None else mean_rate(trace) / rate
+        return [(t - times[0]) * factor for t in times]
+    def describe(self) -> str:
+        if self.kind == "rate":
+            shape = "Poisson" if self.burstiness == 1 else f"gamma, burstiness {self.burstiness:g}"
+            return f"{self.rate:g} requests/s ({shape}, seed {self.seed})"
+        if self.kind == "trace":
+            return "the trace's own times" + (f" x {self.scale:g}" if self.scale != 1 else "")
+        return "a fixed concurrency"
+
+    def text(self) -> str:
+        """The profile as parse() reads it: what workload files and results hold."""
+        if self.kind == "rate":
+            return f"rate:{self.rate:g},burstiness={self.burstiness:g},seed={self.seed}"
+        if self.kind == "trace":
+            return f"trace:{self.scale:g}"
+        return "concurrency"
+
+
+def mean_rate(trace: list[float]) -> float:
+    """A trace's own pace, requests a second: its gaps' count over its span."""
+    span = trace[-1] - trace[0]
+    return (len(trace) - 1) / span if span > 0 else float("inf")
+
+
+def unit_times(n: int, burstiness: float, seed: int) -> list[float]:
+    """Send times at one request a second: cumulative gamma gaps (shape burstiness, scale 1/burstiness),
+    scaled so the n requests span n seconds (vllm.benchmarks.serve.get_request's normalisation)."""
+    if n == 0:
+        return []
+    # NumPy's legacy generator, seeded: the draws `vllm bench serve --seed S` makes (np.random.gamma).
+    gaps = np.random.RandomState(seed).gamma(shape=burstiness, scale=1.0 / burstiness, size=n)
+    times = np.cumsum(gaps)
+    return [float(t) for t in times * (n / times[-1])]
+
+
+def parse(text: str, where: str = "--arrivals") -> Arrivals:
+    """`concurrency`, `rate:2`, `poisson:2`, `rate:2,burstiness=0.5,seed=7`, `trace` or `trace:0.5`."""
+    kind, _, rest = str(text).strip().partition(":")
+    kind = "rate" if kind == "poisson" else kind
+    if kind not in KINDS:
+        raise TrafficError(f"{where}: {text!r} is not one of concurrency, rate:R[,burstiness=B][,seed=S], "
+                           f"poisson:R, trace[:SCALE]")
+    parts = [p.strip() for p in rest.split(",") if p.strip()] if rest else []
+    try:
+        if kind == "concurrency":
+            if parts:
+                raise ValueError("takes no value")
+            return Arrivals()
+        if kind == "trace":
+            scale = float(parts[0]) if parts else 1.0
+            if len(parts) > 1 or not scale > 0:
+                raise ValueError("the scale must be one number above 0")
+            return Arrivals("trace", scale=scale)
+        if not parts or "=" in parts[0]:
+            raise ValueError("needs a rate in requests a second first")
+        if any("=" not in p for p in parts[1:]):
+            raise ValueError("options are name=value (burstiness, seed)")
+        options = dict(p.split("=", 1) for p in parts[1:])
+        unknown = set(options) - {"burstiness", "seed"}
+        if unknown:
+            raise ValueError(f"unknown option {sorted(unknown)[0]!r} (burstiness, seed)")
+        found = Arrivals("rate", rate=float(parts[0]), burstiness=float(options.get("burstiness", 1.0)),
+                         seed=int(options.get("seed", 0)))
+        if not (found.rate > 0 and found.burstiness > 0 and np.isfinite([found.rate, found.burstiness]).all()):
+            raise ValueError("the rate and the burstiness must be finite and above 0")
+        return found
+    except ValueError as e:
+        raise TrafficError(f"{where}: {text!r}: {e}") from None

@@ -1,0 +1,111 @@
+"""Goodput: the highest request rate at which the user's latency SLOs still hold.
+
+Under an open-loop rate below saturation a server's tokens/s is the offered load, whatever the
+config, so tokens/s cannot rank configs there. What can: how far the rate can rise before p99
+TTFT, p99 inter-token latency or p99 end-to-end latency break their bounds. The search measures
+rate points (each a fresh draw of requests on the same seeded arrival pattern, scaled to the rate),
+doubling or halving from a start until one point holds and one breaks, then bisects between them
+until the two are within `tolerance` of the upper one. The figure is the highest rate that held.
+
+Not `vllm bench serve --goodput`: that is the share of requests meeting per-request SLOs, per
+second, at the one rate it was given (docs/arrivals.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:   # sandbox.bench imports the workload, which imports this module
+    from sandbox.bench import BenchResult
+
+P99_MIN_REQUESTS = 100   # below this a point's "p99" is its worst request, and it is named so
+MAX_HALVINGS = 6         # no lower than start / 64: below it a point's requests span 64 times longer
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_p99_ms: float | None = None
+    itl_p99_ms: float | None = None   # the gap between two streamed chunks (docs/arrivals.md: not TPOT)
+    e2e_p99_ms: float | None = None
+
+    def bounds(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def misses(self, result: BenchResult) -> list[str]:
+        """The SLOs this point broke, each with its figure; failed requests break it too."""
+        found = {"ttft_p99_ms": result.ttft_ms.get("p99"), "itl_p99_ms": result.itl_ms.get("p99"),
+                 "e2e_p99_ms": result.latency_ms.get("p99")}
+        out = [f"{result.errors} of {result.requests} requests failed"] if result.errors else []
+        for name, bound in self.bounds().items():
+            value = found[name]
+            if value is not None and value > bound:
+                out.append(f"{name} {value:g} > {bound:g}")
+        return out
+
+
+@dataclass
+class Point:
+    rate: float
+    held: bool
+    requests: int
+    percentile: str           # "p99", or "max of N" where N < 100 requests
+    ttft_p99_ms: float | None
+    itl_p99_ms: float | None
+    e2e_p99_ms: float | None
+    tpot_p99_ms: float | None
+    tps: float
+    misses: list[str]
+
+
+@dataclass
+class Goodput:
+    rate: float               # requests a second: the highest rate that held (0: none did)
+    bounds: tuple[float, float | None]   # it held at the first, broke at the second (None: never broke)
+    converged: bool           # the bounds are within the tolerance
+    slo: dict[str, float]
+    points: list[Point] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "bounds": list(self.bounds)}
+
+
+def point(rate: float, result: BenchResult, slo: Slo) -> Point:
+    n = result.requests - result.errors
+    return Point(rate=round(rate, 6), held=not slo.misses(result), requests=result.requests,
+                 percentile="p99" if n >= P99_MIN_REQUESTS else f"max of {n}",
+                 ttft_p99_ms=result.ttft_ms.get("p99"), itl_p99_ms=result.itl_ms.get("p99"),
+                 e2e_p99_ms=result.latency_ms.get("p99"), tpot_p99_ms=result.tpot_ms.get("p99"),
+                 tps=result.tps, misses=slo.misses(result))
+
+
+def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tolerance: float = 0.05,
+           max_points: int = 12) -> Goodput:
+    """Bracket, then bisect; at most max_points measurements (the split bounds how many fresh draws
+    a server gets), and no lower than start / 64 (goodput 0 below it). Unconverged when the points
+    ran out first: the bounds say how far it got."""
+    if not slo.bounds():
+        raise ValueError("goodput needs at least one SLO (TTFT, ITL or end-to-end p99)")
+    points: list[Point] = []
+
+    def holds(rate: float) -> bool:
+        points.append(point(rate, measure(rate), slo))
+        return points[-1].held
+
+    lo, hi, rate = None, None, start
+    if holds(rate):
+        lo = rate
+        while hi is None and len(points) < max_points:
+            rate *= 2
+            lo, hi = (rate, None) if holds(rate) else (lo, rate)
+    else:
+        hi = rate
+        while lo is None and len(points) < max_points and rate > start / 2 ** MAX_HALVINGS:
+            rate /= 2
+            lo, hi = (rate, hi) if holds(rate) else (None, rate)
+    while lo is not None and hi is not None and (hi - lo) / hi > tolerance and len(points) < max_points:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    converged = lo is not None and hi is not None and (hi - lo) / hi <= tolerance
+    return Goodput(rate=round(lo or 0.0, 6), bounds=(round(lo or 0.0, 6), None if hi is None else round(hi, 6)),
+                   converged=converged, slo=slo.bounds(), points=points)

@@ -1,0 +1,216 @@
+"""How requests arrive (sandbox.arrivals) and goodput (sandbox.goodput): the arrival times against
+vLLM's own `vllm bench serve` generator, the search at known answers, and a real worker measuring
+goodput through real HTTP on a stand-in server whose latency rises with load (tests/fake_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sandbox import server as server_mod
+from sandbox import spec as specs
+from sandbox.arrivals import parse, unit_times
+from sandbox.bench import BenchResult
+from sandbox.goodput import Slo, search
+from sandbox.traffic import Request, TrafficError
+from sandbox.workload import load_workload
+from sandbox.worker import run_trial
+
+FAKE = (str(Path(__file__).with_name("fake_server.py")),)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def requests(n: int, timestamps: list[float] | None = None) -> list[Request]:
+    return [Request("completions", {"prompt": f"p{i}", "max_tokens": 4}, i + 1,
+                    timestamps[i] if timestamps else None) for i in range(n)]
+
+
+def vllm_send_times(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """When vLLM's own generator (vllm.benchmarks.serve.get_request) sends n requests, on a clock that
+    moves only when it sleeps, after the seeding `vllm bench serve --seed` does."""
+    import numpy as np
+    from vllm.benchmarks import serve
+
+    clock = [0.0]
+
+    async def sleep(seconds):
+        clock[0] += seconds
+
+    class Clock:
+        @staticmethod
+        def time():
+            return clock[0]
+
+    sent = []
+
+    async def collect():
+        async for _request, _rate in serve.get_request(list(range(n)), rate, burstiness):
+            sent.append(clock[0])
+
+    real_sleep, real_time = serve.asyncio.sleep, serve.time
+    serve.asyncio.sleep, serve.time = sleep, Clock
+    try:
+        np.random.seed(seed)
+        asyncio.run(collect())
+    finally:
+        serve.asyncio.sleep, serve.time = real_sleep, real_time
+    return sent
+
+
+@pytest.mark.parametrize("text, rate, burstiness, seed", [("rate:4,seed=7", 4, 1.0, 7),
+                                                            ("poisson:0.5", 0.5, 1.0, 0),
+                                                            ("rate:20,burstiness=0.25,seed=3", 20, 0.25, 3)])
+def test_open_loop_arrivals_are_the_ones_vllm_bench_serve_draws_for_that_seed(text, rate, burstiness, seed):
+    profile = parse(text)
+    mine = profile.offsets(40)
+    assert mine == profile.offsets(40)   # reproducible from the seed alone
+    theirs = vllm_send_times(40, rate, burstiness, seed)
+    assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(mine, theirs)), (mine[:3], theirs[:3])
+    assert math.isclose(mine[-1], 40 / rate)   # n requests span n / rate seconds, as in vLLM
+    assert parse(text.replace(f"seed={seed}", f"seed={seed + 1}") if "seed" in text else text + ",seed=9"
+                 ).offsets(40) != mine
+
+
+def test_one_pattern_serves_every_rate_and_burstiness_spreads_the_gaps():
+    profile = parse("rate:2,burstiness=0.3,seed=1")
+    at2, at8 = profile.offsets(200), profile.offsets(200, rate=8)
+    assert all(math.isclose(a, 4 * b) for a, b in zip(at2, at8))   # the same arrivals, four times as fast
+
+    def spread(times):
+        gaps = [b - a for a, b in zip([0.0, *times], times)]
+        mean = sum(gaps) / len(gaps)
+        return (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+
+    assert spread(at2) > 1.4 > 1.0 > spread(unit_times(200, 1.0, 1)) * 0.8 > spread(unit_times(200, 8.0, 1))
+
+
+def test_a_trace_lends_its_timing_window_by_window_at_its_pace_scaled_or_rescaled_to_a_rate():
+    trace = [100.0, 100.5, 103.0, 110.0, 111.0, 111.5]   # 5 gaps over 11.5 s
+    assert parse("trace").offsets(3, trace=trace) == [0.0, 0.5, 3.0]
+    assert parse("trace").offsets(3, window=1, trace=trace) == [0.0, 1.0, 1.5]   # the next phase: the next stretch
+    assert parse("trace:0.5").offsets(3, trace=trace) == [0.0, 0.25, 1.5]
+    doubled = parse("trace").offsets(3, rate=2 * 5 / 11.5, trace=trace)   # twice the trace's own pace
+    assert all(math.isclose(a, b) for a, b in zip(doubled, [0.0, 0.25, 1.5]))
+    assert parse("concurrency").offsets(3, trace=trace) is None
+    with pytest.raises(TrafficError, match="two or more timestamps"):
+        parse("trace").offsets(3, trace=None)
+
+
+def test_a_trace_workload_takes_its_timing_from_the_file_and_its_requests_from_fresh_draws(tmp_path):
+    shipped = load_workload({**load_workload("smoke").as_dict(), "max_tokens": None, "ignore_eos": None,
+                             "temperature": None, "traffic": str(ROOT / "sandbox/data/traffic/trace.jsonl"),
+                             "arrivals": "trace", "objective": "goodput", "slo_ttft_p99_ms": 1000.0})
+    times = shipped.trace_times()
+    assert len(times) == 248 and times == sorted(times) and times[0] == 0.0
+    first, second = shipped.offsets(4, 0), shipped.offsets(4, 1)
+    assert first == [t - times[0] for t in times[:4]] and second == [t - times[4] for t in times[4:8]]
+    assert shipped.measured(0) != shipped.measured(1)   # the requests: fresh draws, as on every meter
+    assert math.isclose(shipped.start_rate(), 247 / times[-1])
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("rate:0", "above 0"), ("rate:fast", "'rate:fast'"), ("rate:2,burst=1", "unknown option 'burst'"),
+    ("rate:2,0.5", "name=value"), ("uniform", "not one of concurrency"), ("trace:-1", "above 0"),
+    ("concurrency:4", "takes no value"), ("rate:inf", "finite"),
+])
+def test_bad_arrivals_are_one_line_naming_the_value(text, needle):
+    with pytest.raises(TrafficError, match="--arrivals") as e:
+        parse(text)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def figures(ttft_p99: float, itl_p99: float = 5.0, e2e_p99: float = 100.0, requests: int = 120) -> BenchResult:
+    return BenchResult(tps=1.0, output_tokens=requests, wall_s=1.0, requests=requests, errors=0, short_outputs=0,
+                       ttft_ms={"p99": ttft_p99}, itl_ms={"p99": itl_p99}, latency_ms={"p99": e2e_p99},
+                       first_error=None)
+
+
+@pytest.mark.parametrize("capacity, start", [(3.7, 1.0), (3.7, 50.0), (0.3, 0.25), (100.0, 1.0)])
+def test_the_search_brackets_then_bisects_to_the_known_capacity_within_five_percent(capacity, start):
+    measured = []
+
+    def measure(rate):
+        measured.append(rate)
+        return figures(ttft_p99=50.0 if rate <= capacity else 900.0)
+
+    found = search(measure, Slo(ttft_p99_ms=200), start=start)
+    lo, hi = found.bounds
+    assert found.converged and lo <= capacity < hi and (hi - lo) / hi <= 0.05 and found.rate == lo
+    assert len(measured) == len(found.points) <= 12 and all(p.percentile == "p99" for p in found.points)
+    assert [p.held for p in found.points] == [r <= capacity for r in measured]
+
+
+def test_the_search_says_what_it_could_not_settle_and_names_a_percentile_from_few_requests():
+    always = search(lambda rate: figures(ttft_p99=10.0, requests=40), Slo(ttft_p99_ms=200), start=1.0, max_points=4)
+    assert not always.converged and always.bounds == (8.0, None) and always.rate == 8.0
+    assert always.points[0].percentile == "max of 40"
+    never = search(lambda rate: figures(ttft_p99=10.0, e2e_p99=5000.0), Slo(e2e_p99_ms=1000), start=1.0, max_points=3)
+    assert never.rate == 0.0 and never.bounds == (0.0, 0.25) and "e2e_p99_ms 5000 > 1000" in never.points[0].misses
+    floor = search(lambda rate: figures(ttft_p99=900.0), Slo(ttft_p99_ms=200), start=64.0)
+    assert floor.rate == 0.0 and [p.rate for p in floor.points] == [64, 32, 16, 8, 4, 2, 1]   # start / 64 at most
+    with pytest.raises(ValueError, match="at least one SLO"):
+        search(lambda rate: figures(1.0), Slo(), start=1.0)
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"arrivals": "rate:2"}, "objective 'tps' under arrivals 'rate:2'"),
+    ({"objective": "goodput", "slo_ttft_p99_ms": 100.0}, "needs open-loop arrivals"),
+    ({"objective": "goodput", "arrivals": "rate:2"}, "needs at least one SLO"),
+    ({"objective": "latency"}, "'latency' is not one of tps, goodput"),
+    ({"arrivals": "trace", "objective": "goodput", "slo_ttft_p99_ms": 100.0}, "needs a traffic file with a timestamp"),
+    ({"arrivals": "rate:2", "objective": "goodput", "slo_ttft_p99_ms": -1.0}, "slo_ttft_p99_ms: -1.0"),
+])
+def test_a_workload_whose_objective_cannot_rank_under_its_arrivals_is_refused(fields, needle):
+    with pytest.raises(ValueError) as e:
+        load_workload({**load_workload("smoke").as_dict(), **fields})
+    assert needle in str(e.value)
+
+
+def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: float = 150.0) -> dict:
+    """One real worker on the stand-in: 10 tokens of 10 ms a request, `slots` decoding at once, so
+    its capacity is slots * 10 requests a second."""
+    monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_SLOTS", "FAKE_TOKEN_S"))
+    monkeypatch.setenv("FAKE_SLOTS", str(slots))
+    monkeypatch.setenv("FAKE_TOKEN_S", "0.01")
+    traffic = tmp_path / f"t{slots}.jsonl"
+    traffic.write_text("".join(json.dumps({"prompt": f"request {i}", "max_tokens": 10}) + "\n" for i in range(400)))
+    workload = {"name": "rated", "meter_version": 3, "concurrency": 64, "num_prompts": 24, "warmup_requests": 1,
+                "prompt_split": "search", "traffic": str(traffic), "arrivals": f"{rate},burstiness=1000,seed=1",
+                "objective": "goodput", "slo_ttft_p99_ms": ttft_ms}
+    spec = specs.from_dict({"model": "fake", "workload": workload, "deadlines": {"start_s": 30}})
+    out = tmp_path / f"s{slots}"
+    out.mkdir()
+    return run_trial(spec, out / "server.log", out / "progress.json", launcher=FAKE)
+
+
+def test_two_servers_equal_in_tokens_per_second_at_one_rate_differ_in_goodput(tmp_path, monkeypatch):
+    """At 5 requests a second both stand-ins serve the offered load (the same tokens/s); the one with
+    two decoding slots holds the TTFT SLO to about twice the rate of the one with one."""
+    from sandbox import bench
+    from sandbox.workload import Workload
+
+    one, two = (goodput_trial(tmp_path, monkeypatch, slots, "rate:5") for slots in (1, 2))
+    for result in (one, two):
+        assert result["status"] == "ok", result["failure"]
+        assert result["bench"]["objective"] == "goodput" and result["bench"]["figure"] == result["bench"]["goodput"]["rate"]
+    g1, g2 = one["bench"]["goodput"], two["bench"]["goodput"]
+    # At the start rate, 5 a second, both held and both served the offered load.
+    first1, first2 = g1["points"][0], g2["points"][0]
+    assert first1["rate"] == first2["rate"] == 5 and first1["held"] and first2["held"]
+    assert math.isclose(first1["tps"], first2["tps"], rel_tol=0.1)
+    # Capacity 10 and 20 requests a second: the goodput found sits just under each.
+    assert 7 <= g1["rate"] <= 11.5 and 14 <= g2["rate"] <= 23, (g1["bounds"], g2["bounds"])
+    assert 1.6 < g2["rate"] / g1["rate"] < 2.4
+    assert all(p["percentile"] == "max of 24" for p in g1["points"])   # 24 requests a point: named, not "p99"
+    assert one["workload"]["arrivals"] == "rate:5,burstiness=1000,seed=1"
+
+
+def test_a_config_that_holds_the_slos_at_no_rate_fails_naming_the_lowest_rate_and_what_broke(tmp_path, monkeypatch):
+    result = goodput_trial(tmp_path, monkeypatch, 1, "rate:200", ttft_ms=0.001)
+    assert result["status"] == "failed" and result["failure"]["class"] == "bad_output"
+    assert "no rate held the SLOs: the lowest tried, 3.125 requests/s" in result["failure"]["message"]
+    assert "ttft_p99_ms" in result["failure"]["message"]
