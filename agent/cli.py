@@ -23,7 +23,7 @@ from rich.table import Table
 from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, recovery, refusals, space as spaces
 from agent import storage as storages
 from sandbox import model as embedded
-from agent.gate import GateSettings
+from agent.gate import GateSettings, unit
 from agent.loop import Settings
 
 G, S = GateSettings, Settings  # every default lives on these two dataclasses
@@ -668,10 +668,10 @@ def _summary(ledger: ledgers.Ledger, run_id: str) -> None:
     failed = [t for t in trials if t.status == "failed"]
     run_row = ledger.run(run_id)
     console.print(f"finished: run {run_id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
-                  f"baseline {run_row.baseline_tps:.2f} tok/s (noise ±{run_row.noise:.1%} log-sd, "
+                  f"baseline {run_row.baseline_tps:.2f} {unit((run_row.settings or {}).get('traffic'))} (noise ±{run_row.noise:.1%} log-sd, "
                   f"{run_row.noise_df} df)", highlight=False)
     for t in sorted(accepted, key=lambda t: -t.claimed_ratio):
-        console.print(f"  {t.branch}: {t.tps:.2f} tok/s, {_claim(t)}, ppl {t.ppl_change:+.2%}", highlight=False)
+        console.print(f"  {t.branch}: {t.tps:.2f} {unit(t.meter)}, {_claim(t)}, ppl {t.ppl_change:+.2%}", highlight=False)
 
 
 @app.command()

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent import crew, refusals
+from agent.gate import unit
 from agent.ledger import Ledger, Run, Trial, Worker
 from agent.recovery import lock_holder
 
@@ -91,7 +92,7 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
     lines = [f"run {run.id} ({state}): {when}; {run.model}"]
     if run.baseline_tps:
         aa = (run.calibration or {}).get("aa") or "A/A check not judged yet"
-        lines.append(f"  baseline {run.baseline_tps:.2f} tok/s (noise ±{(run.noise or 0):.1%} log-sd); {aa}")
+        lines.append(f"  baseline {run.baseline_tps:.2f} {unit((run.settings or {}).get('traffic'))} (noise ±{(run.noise or 0):.1%} log-sd); {aa}")
     lines += crew_lines(list(workers), trials)
     flight = in_flight(home / run.id / "events.jsonl") if pid else None
     by_number = {t.number: t for t in trials}

@@ -214,3 +214,40 @@ def test_a_config_that_holds_the_slos_at_no_rate_fails_naming_the_lowest_rate_an
     assert result["status"] == "failed" and result["failure"]["class"] == "bad_output"
     assert "no rate held the SLOs: the lowest tried, 3.125 requests/s" in result["failure"]["message"]
     assert "ttft_p99_ms" in result["failure"]["message"]
+
+
+def test_a_goodput_run_tells_optuna_decides_and_claims_in_requests_per_second(tmp_path, embedded_model):
+    """A real `agent run --traffic TRACE --arrivals trace` (the deterministic engine at its seam, whose
+    goodput is its tokens/s / 20): the ledger, the console and the branch carry the goodput figure."""
+    import os
+    import subprocess
+    import sys
+
+    import optuna
+
+    from agent.ledger import Ledger
+
+    home = tmp_path / "home"
+    env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_ENGINE": f"{ROOT}/tests/seam_engine.py:SeamEngine",
+           "AGENT_TEST_TRIAL_S": "0.05", "COLUMNS": "300"}
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--budget", "90s", "--model", str(embedded_model),
+                           "--traffic", str(ROOT / "sandbox/data/traffic/trace.jsonl"), "--arrivals", "trace",
+                           "--slo-ttft-p99-ms", "2000", "--max-trials", "4"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = " ".join((proc.stdout + proc.stderr).split())   # the console's own line breaks do not matter here
+    assert proc.returncode == 0, out[-3000:]
+    assert "objective goodput (the highest rate whose TTFT p99 <= 2000 ms holds)" in out
+    assert "baseline: 0.9" in out and "req/s goodput (instances" in out and "tok/s" not in out
+    (run,) = Ledger(home / "ledger.sqlite").runs()
+    spec = run.settings["workload_spec"]
+    assert spec["objective"] == "goodput" and spec["arrivals"] == "trace" and spec["slo_ttft_p99_ms"] == 2000
+    assert 0.8 < run.baseline_tps < 1.0   # 18 tok/s / 20: the figure, not tokens/s
+    trials = Ledger(home / "ledger.sqlite").trials(run.id)
+    assert all(t.meter["objective"] == "goodput" and t.meter["arrivals"] == "trace:1" for t in trials if t.meter)
+    study = optuna.load_study(study_name=run.id, storage=f"sqlite:///{home / 'optuna.sqlite'}")
+    told = [ft.value for ft in study.trials if ft.value is not None]
+    branched = [t for t in trials if t.branch]
+    assert told and branched and all(t.tps < 2 for t in branched)
+    message = subprocess.run(["git", "-C", str(home / "proposals"), "log", "-1", "--format=%B", branched[0].branch],
+                             capture_output=True, text=True, check=True).stdout
+    assert f"{branched[0].tps:.2f} req/s goodput" in message
