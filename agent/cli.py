@@ -339,6 +339,9 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
                   "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
 
 
+OPEN_LOOP_CAP = 64   # requests in flight at most when --arrivals opens a closed-loop workload (docs/arrivals.md)
+
+
 def _arrivals(meter, settings: dict):
     """--arrivals and --objective on the workload; under goodput its SLOs are the run's --slo-* bounds."""
     from sandbox.traffic import TrafficError
@@ -346,8 +349,11 @@ def _arrivals(meter, settings: dict):
 
     if not (settings["arrivals"] or settings["objective"]):
         return meter
+    closed = meter.arrivals == "concurrency"
     meter = replace(meter, arrivals=settings["arrivals"] or meter.arrivals, objective=settings["objective"] or
                     ("goodput" if settings["arrivals"] and settings["arrivals"] != "concurrency" else meter.objective))
+    if closed and meter.arrivals != "concurrency":   # a closed-loop shape sent open loop: its concurrency becomes
+        meter = replace(meter, concurrency=max(meter.concurrency, OPEN_LOOP_CAP))   # a cap, not the load
     if meter.objective == "goodput":
         meter = replace(meter, slo_ttft_p99_ms=settings["slo_ttft_p99_ms"], slo_itl_p99_ms=settings["slo_itl_p99_ms"],
                         slo_e2e_p99_ms=settings["slo_e2e_p99_ms"])

@@ -157,9 +157,10 @@ class _Response:
         return b"".join([piece async for piece in self.pieces()])
 
 
-async def one_request(pool: _Connections, path: str, body: dict) -> RequestResult:
-    """One streamed completion: TTFT and inter-token gaps from chunk arrival, tokens from usage."""
-    start = time.perf_counter()
+async def one_request(pool: _Connections, path: str, body: dict, arrived: float | None = None) -> RequestResult:
+    """One streamed completion: TTFT and inter-token gaps from chunk arrival, tokens from usage.
+    arrived (open loop): when the request arrived, so time it waited for a free slot counts."""
+    start = time.perf_counter() if arrived is None else arrived
     last = None
     result = RequestResult(ok=False)
     payload = json.dumps(body).encode()
@@ -271,8 +272,9 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
                        timeout_s: float, pruner: Pruner | None = None,
                        offsets: list[float] | None = None) -> tuple[list[RequestResult], float]:
     """Send requests, `concurrency` at a time; returns results (in request order) and the phase's
-    wall time. With offsets (sandbox.arrivals: open loop), request i is sent `offsets[i]` seconds
-    after the start whatever the server does, `concurrency` still capping those in flight. With a
+    wall time. With offsets (sandbox.arrivals: open loop), request i arrives `offsets[i]` seconds
+    after the start whatever the server does, `concurrency` still capping those in flight, and its
+    latencies count from its arrival (a wait for a free slot is a queue the user sees). With a
     pruner, the requests still to run are cancelled once it calls the phase hopeless, and only the
     finished ones are returned."""
     gate = asyncio.Semaphore(concurrency)
@@ -286,7 +288,8 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
         async with gate:
             if stop.is_set():
                 return None
-            result = await one_request(pool, ENDPOINTS[request.endpoint], request_body(model, request))
+            result = await one_request(pool, ENDPOINTS[request.endpoint], request_body(model, request),
+                                       None if at is None else start + at)
             result.exact_tokens = request.max_tokens if request.body.get("ignore_eos") else None
             done.append(result)
             if pruner and pruner.hopeless(done, time.perf_counter() - start):

@@ -78,6 +78,38 @@ async def _measure(server: Server, workload, requests: list, timeout_s: float,
     return bench.summarize(results, wall, requests), metrics.summarize(before, after, sampler)
 
 
+def goodput_on(server: Server, workload, bench_s: float, phase: str) -> dict:
+    """The objective goodput on one server: rate points, each a fresh draw of the workload's split on
+    the same seeded arrival pattern scaled to its rate (sandbox.goodput). The instance's figure is
+    the highest rate that held its SLOs; the latencies shown are that point's."""
+    draws = iter(range(workload.rate_points()))
+    measured: list[bench.BenchResult] = []
+
+    def measure(rate: float) -> bench.BenchResult:
+        point = next(draws)
+        requests = workload.measured(point)
+        offsets = workload.offsets(len(requests), point, rate)
+        budget = bench_s + offsets[-1]   # from the last request's send time
+        with deadline(budget + 10, phase):
+            result, _ = asyncio.run(_measure(server, workload, requests, budget, offsets=offsets))
+        server.fail_if_dead(phase)
+        measured.append(result)
+        return result
+
+    if workload.rate_points() < 2:
+        raise TrialFailure("bad_output", f"{workload.where(workload.prompt_split)}: goodput needs at least two "
+                                         f"fresh draws of {workload.num_prompts} requests on one server")
+    found = goodput.search(measure, workload.slo(), workload.start_rate(), max_points=workload.rate_points())
+    if found.rate == 0:   # no figure to compare: the SLOs are out of this config's reach on this host
+        lowest = found.points[-1]
+        raise TrialFailure("bad_output", f"no rate held the SLOs: the lowest tried, {lowest.rate:g} requests/s, "
+                                         f"broke them ({'; '.join(lowest.misses)})")
+    held = [m for m, p in zip(measured, found.points) if p.held and p.rate == found.rate]
+    shown = held[0] if held else measured[0]
+    return {**shown.to_dict(), "objective": "goodput", "figure": found.rate, "goodput": found.as_dict(),
+            "repeats_tps": [m.tps for m in measured], "draw_hashes": [m.draw_hash for m in measured]}
+
+
 class TrialRun:
     """One trial's phases, in order, each under its deadline: start, warm-up, benchmark (stopped
     early when hopeless), held-out benchmark, quality; teardown always. The progress file carries
@@ -173,35 +205,7 @@ class TrialRun:
                                              f"return the max_tokens asked for with ignore_eos")
 
     def goodput(self, workload) -> dict:
-        """The objective goodput: rate points, each a fresh draw of this server's split on the same
-        seeded arrival pattern scaled to its rate (sandbox.goodput). The instance's figure is the
-        highest rate that held its SLOs; the latencies shown are that point's."""
-        draws = iter(range(workload.rate_points()))
-        measured: list[bench.BenchResult] = []
-
-        def measure(rate: float) -> bench.BenchResult:
-            point = next(draws)
-            requests = workload.measured(point)
-            offsets = workload.offsets(len(requests), point, rate)
-            budget = self.bench_s + offsets[-1]   # from the last request's send time
-            with deadline(budget + 10, self.phase):
-                result, _ = asyncio.run(_measure(self.server, workload, requests, budget, offsets=offsets))
-            self.server.fail_if_dead(self.phase)
-            measured.append(result)
-            return result
-
-        if workload.rate_points() < 2:
-            raise TrialFailure("bad_output", f"{workload.where(workload.prompt_split)}: goodput needs at least two "
-                                             f"fresh draws of {workload.num_prompts} requests on one server")
-        found = goodput.search(measure, workload.slo(), workload.start_rate(), max_points=workload.rate_points())
-        if found.rate == 0:   # no figure to compare: the SLOs are out of this config's reach on this host
-            lowest = found.points[-1]
-            raise TrialFailure("bad_output", f"no rate held the SLOs: the lowest tried, {lowest.rate:g} requests/s, "
-                                             f"broke them ({'; '.join(lowest.misses)})")
-        held = [m for m, p in zip(measured, found.points) if p.held and p.rate == found.rate]
-        shown = held[0] if held else measured[0]
-        return {**shown.to_dict(), "objective": "goodput", "figure": found.rate, "goodput": found.as_dict(),
-                "repeats_tps": [m.tps for m in measured], "draw_hashes": [m.draw_hash for m in measured]}
+        return goodput_on(self.server, workload, self.bench_s, self.phase)
 
     def heldout(self) -> None:
         """Same server, other prompts: the defaults' reference for held-out decisions."""

@@ -167,7 +167,8 @@ class Workload:
         source = Path(self.traffic).name if self.traffic else "the shipped prompt templates"
         return (f"{self.name}: {source}, {len(every)} requests ({len(pools['search'])} search, "
                 f"{len(pools['heldout'])} held-out; {sampled:.0%} sampled, {natural:.0%} may stop at EOS"
-                f"{f', {chat} chat' if chat else ''}), {self.num_prompts} a phase at concurrency {self.concurrency}"
+                f"{f', {chat} chat' if chat else ''}), {self.num_prompts} a phase "
+                + (f"at concurrency {self.concurrency}" if self.objective == "tps" else f"({self.concurrency} in flight at most)")
                 + ("" if self.objective == "tps" else
                    f"; arrivals {self.arrival_profile().describe()}, objective goodput (the highest rate whose "
                    + ", ".join(f"{k.replace('_p99_ms', '').upper()} p99 <= {v:g} ms" for k, v in self.slo().bounds().items())

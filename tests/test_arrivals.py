@@ -251,3 +251,33 @@ def test_a_goodput_run_tells_optuna_decides_and_claims_in_requests_per_second(tm
     message = subprocess.run(["git", "-C", str(home / "proposals"), "log", "-1", "--format=%B", branched[0].branch],
                              capture_output=True, text=True, check=True).stdout
     assert f"{branched[0].tps:.2f} req/s goodput" in message
+
+
+def test_open_loop_latency_counts_from_arrival_so_a_wait_for_a_free_slot_is_seen(tmp_path):
+    """Closed loop, one in flight: each request is timed from its send and waits for nothing. Open
+    loop above capacity, one in flight at most: the requests that arrived while the slot was busy
+    are timed from their arrival, and their TTFT shows the queue."""
+    import os
+    import subprocess
+    import sys
+
+    from sandbox import bench
+    from test_traffic import wait_up
+
+    port = 18640
+    proc = subprocess.Popen([sys.executable, FAKE[0], "--model", "m", "--host", "127.0.0.1", "--port", str(port)],
+                            env={**os.environ, "FAKE_TOKEN_S": "0.01"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_up(url)
+        sent = requests(10)   # 4 tokens of 10 ms each: 25 requests a second through one slot
+        closed, wall = asyncio.run(bench.run_requests(url, "fake-model", sent, 1, 60))
+        times = parse("rate:100,burstiness=1000").offsets(10)   # 100 a second, four times the capacity
+        opened, _ = asyncio.run(bench.run_requests(url, "fake-model", sent, 1, 60, offsets=times))
+    finally:
+        proc.kill()
+        proc.wait()
+    closed_ttft = bench.summarize(closed, wall, sent).ttft_ms["p99"]
+    opened_ttft = bench.summarize(opened, wall, sent).ttft_ms["p99"]
+    assert closed_ttft < 40 and opened_ttft > 200, (closed_ttft, opened_ttft)

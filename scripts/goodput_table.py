@@ -1,0 +1,118 @@
+"""Goodput side by side: the same configs on one fresh server each, under a Poisson rate profile and
+under the shipped trace's timing, ranked by the highest request rate whose p99 SLOs hold.
+
+    .venv/bin/python scripts/goodput_table.py                  # CPU: defaults, core binding
+    python3 scripts/goodput_table.py --gpu                     # GPU: defaults, ngram, ngram_gpu with async scheduling
+
+On each server: the workload's warm-ups, then the goodput search of sandbox.worker.goodput_on on
+each profile (the trial's own code: fresh draws of the search split per rate point, the same seeded
+arrivals for every config). Prints one table (goodput, its bounds, whether it converged, the
+points measured, the p99s at the goodput point) and writes it with rows.jsonl under
+runs/goodput-table/<stamp>/. A server instance is the unit of noise: one instance per config says
+what a config does, not how sure it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sandbox import bench, worker  # noqa: E402
+from sandbox.server import Server  # noqa: E402
+from sandbox.spec import argv_of  # noqa: E402
+from sandbox.workload import DATA, load_workload  # noqa: E402
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+TRAFFIC = str(DATA / "traffic" / "default.jsonl")
+CPU = {
+    "fixed": ({"max-model-len": 768}, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_USE_AOT_COMPILE": "0"}),
+    "configs": {"defaults": ({}, {}), "binding": ({}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"})},
+    "profiles": {
+        "poisson": {"name": "poisson-cpu", "meter_version": 3, "concurrency": 16, "num_prompts": 8,
+                    "warmup_requests": 1, "prompt_split": "search", "traffic": TRAFFIC,
+                    "arrivals": "rate:0.2,burstiness=1,seed=0", "objective": "goodput",
+                    "slo_ttft_p99_ms": 3000.0, "slo_itl_p99_ms": 500.0},
+        "trace": "trace-cpu",
+    },
+}
+GPU = {
+    "fixed": ({"max-model-len": 768}, {}),
+    "configs": {"defaults": ({}, {}),
+                "ngram": ({"speculative-config": NGRAM}, {}),
+                "ngram_gpu+async": ({"speculative-config": {**NGRAM, "method": "ngram_gpu"}, "async-scheduling": True},
+                                    {})},
+    "profiles": {
+        "poisson": {"name": "poisson", "meter_version": 3, "concurrency": 256, "num_prompts": 16,
+                    "warmup_requests": 1, "prompt_split": "search", "traffic": TRAFFIC,
+                    "arrivals": "rate:8,burstiness=1,seed=0", "objective": "goodput",
+                    "slo_ttft_p99_ms": 200.0, "slo_itl_p99_ms": 20.0},
+        "trace": {"name": "trace", "meter_version": 3, "concurrency": 256, "num_prompts": 16,
+                  "warmup_requests": 1, "prompt_split": "search", "traffic": str(DATA / "traffic" / "trace.jsonl"),
+                  "arrivals": "trace", "objective": "goodput", "slo_ttft_p99_ms": 200.0, "slo_itl_p99_ms": 20.0},
+    },
+}
+
+
+def measure(server: Server, workload) -> dict:
+    asyncio.run(bench.run_requests(server.base_url, server.model_name, workload.warmups(), workload.concurrency, 900))
+    t0 = time.monotonic()
+    found = worker.goodput_on(server, workload, bench.bench_deadline_s(workload), "benchmark")
+    g = found["goodput"]
+    return {"goodput": g["rate"], "bounds": g["bounds"], "converged": g["converged"], "points": len(g["points"]),
+            "ttft_p99_ms": found["ttft_ms"].get("p99"), "itl_p99_ms": found["itl_ms"].get("p99"),
+            "tpot_p99_ms": found["tpot_ms"].get("p99"), "percentile": g["points"][0]["percentile"],
+            "slo": g["slo"], "seconds": round(time.monotonic() - t0, 1), "detail": g["points"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="store_true")
+    parser.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
+    parser.add_argument("--configs", help="comma-separated subset of the configs")
+    args = parser.parse_args()
+    plan = GPU if args.gpu else CPU
+    fixed_flags, fixed_env = plan["fixed"]
+    names = args.configs.split(",") if args.configs else list(plan["configs"])
+    profiles = {k: load_workload(v) for k, v in plan["profiles"].items()}
+    out = ROOT / "runs" / "goodput-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in names:
+        flags, env = plan["configs"][name]
+        server = Server(args.model, argv_of({**fixed_flags, **flags}), {**fixed_env, **env}, out / f"{name}.log")
+        try:
+            server.start()
+            server.wait_ready(900)
+            for profile, workload in profiles.items():
+                row = {"config": name, "profile": profile, "arrivals": workload.arrivals, **measure(server, workload)}
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "detail"}), flush=True)
+                with open(out / "rows.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+        finally:
+            server.stop()
+    base = {r["profile"]: r["goodput"] for r in rows if r["config"] == "defaults"}
+    lines = ["| config | profile | goodput req/s | ratio | bounds (held, broke) | converged | points | "
+             "TTFT p99 ms | ITL p99 ms | TPOT p99 ms | p99 of |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['goodput'] / base[r['profile']]:.3f}x" if base.get(r["profile"]) else "-"
+        lines.append(f"| {r['config']} | {r['profile']} ({r['arrivals']}) | {r['goodput']:.3f} | {ratio} | "
+                     f"{r['bounds']} | {r['converged']} | {r['points']} | {r['ttft_p99_ms']} | {r['itl_p99_ms']} | "
+                     f"{r['tpot_p99_ms']} | {r['percentile']} |")
+    table = "\n".join(lines)
+    print(table)
+    (out / "table.md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
