@@ -168,7 +168,9 @@ def _read(progress: Path) -> dict:
 
 
 def _phase(progress: Path) -> str | None:
-    return _read(progress).get("phase")
+    """The phase in flight, with the worker's detail where it gives one (a goodput search's rate point)."""
+    state = _read(progress)
+    return f"{state['phase']}: {state['detail']}" if state.get("phase") and state.get("detail") else state.get("phase")
 
 
 class Preflight:

@@ -22,6 +22,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -78,7 +79,8 @@ async def _measure(server: Server, workload, requests: list, timeout_s: float,
     return bench.summarize(results, wall, requests), metrics.summarize(before, after, sampler)
 
 
-def goodput_on(server: Server, workload, bench_s: float, phase: str) -> dict:
+def goodput_on(server: Server, workload, bench_s: float, phase: str,
+               on_point: Callable[[str], None] = lambda detail: None) -> dict:
     """The objective goodput on one server: rate points, each a fresh draw of the workload's split on
     the same seeded arrival pattern scaled to its rate (sandbox.goodput). The instance's figure is
     the highest rate that held its SLOs; the latencies shown are that point's."""
@@ -87,6 +89,7 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str) -> dict:
 
     def measure(rate: float) -> bench.BenchResult:
         point = next(draws)
+        on_point(f"rate point {point + 1} of at most {workload.rate_points()}, {rate:.3g} requests/s")
         requests = workload.measured(point)
         offsets = workload.offsets(len(requests), point, rate)
         budget = bench_s + offsets[-1]   # from the last request's send time
@@ -144,13 +147,14 @@ class TrialRun:
         self.result["timings"][f"{name}_s"] = round(now - self.clock, 2)
         self.clock = now
 
-    def enter(self, name: str) -> None:
+    def enter(self, name: str, detail: str | None = None) -> None:
         self.phase = name
         if self.progress:
             pid = self.server.proc.pid if self.server.proc else None
             # Enough for the agent to end this trial's processes if this worker dies without tearing down.
             write_json(self.progress, {"phase": name, "server_pid": pid, "port": self.server.port,
-                                       "log": str(self.log_path), "worker_pid": os.getpid(), "token": self.server.token})
+                                       "log": str(self.log_path), "worker_pid": os.getpid(), "token": self.server.token,
+                                       **({"detail": detail} if detail else {})})
 
     def start(self) -> None:
         self.enter("start")   # the marker first: a kill during Popen still leaves it findable
@@ -205,7 +209,8 @@ class TrialRun:
                                              f"return the max_tokens asked for with ignore_eos")
 
     def goodput(self, workload) -> dict:
-        return goodput_on(self.server, workload, self.bench_s, self.phase)
+        return goodput_on(self.server, workload, self.bench_s, self.phase,
+                          on_point=lambda detail: self.enter(self.phase, detail))
 
     def heldout(self) -> None:
         """Same server, other prompts: the defaults' reference for held-out decisions."""
