@@ -354,14 +354,16 @@ def _arrivals(meter, settings: dict):
                     ("goodput" if settings["arrivals"] and settings["arrivals"] != "concurrency" else meter.objective))
     if closed and meter.arrivals != "concurrency":   # a closed-loop shape sent open loop: its concurrency becomes
         meter = replace(meter, concurrency=max(meter.concurrency, OPEN_LOOP_CAP))   # a cap, not the load
-    if meter.objective == "goodput":
-        meter = replace(meter, slo_ttft_p99_ms=settings["slo_ttft_p99_ms"], slo_itl_p99_ms=settings["slo_itl_p99_ms"],
-                        slo_e2e_p99_ms=settings["slo_e2e_p99_ms"])
+    if meter.objective == "goodput":   # the run's --slo-* bounds, where given, over the workload's own
+        meter = replace(meter, **{k: settings[k] for k in ("slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_e2e_p99_ms")
+                                  if settings[k] is not None})
     try:
         check_objective(meter, "--objective", "--arrivals")
     except ValueError as e:   # TrafficError: the caller removes the run's copy of the traffic and says it
-        raise TrafficError(str(e).replace("slo_ttft_p99_ms, slo_itl_p99_ms, slo_e2e_p99_ms",
-                                          "--slo-ttft-p99-ms, --slo-itl-p99-ms, --slo-e2e-p99-ms")) from None
+        message = str(e)
+        for name in ("slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_e2e_p99_ms"):   # named as the options are
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        raise TrafficError(message) from None
     return meter
 
 

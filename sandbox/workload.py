@@ -267,8 +267,6 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
             raise ValueError(f"{where}.{key}: {value!r} is not a {kinds[0].__name__}")
         if isinstance(value, int) and not isinstance(value, bool) and value < (0 if key == "warmup_requests" else 1):
             raise ValueError(f"{where}.{key}: {value!r} is out of range")
-        if key.startswith("slo_") and value is not None and not 0 < value < math.inf:
-            raise ValueError(f"{where}.{key}: {value!r} is not a positive number of milliseconds")
         if key in ("traffic", "chat_template") and value is not None:
             value = str((base / value).resolve())
             if not Path(value).is_file():
@@ -301,6 +299,10 @@ def check_objective(workload: Workload, where: str, arrivals_where: str | None =
     if workload.objective == "goodput" and not profile.open_loop:
         raise ValueError(f"{where}: objective 'goodput' needs open-loop arrivals (rate:R or trace), not "
                          f"{workload.arrivals!r}")
+    bad = next((k for k, v in workload.slo().bounds().items() if not 0 < v < math.inf), None)
+    if bad:
+        raise ValueError(f"{where}: slo_{bad}: {getattr(workload, f'slo_{bad}')!r} is not a positive number of "
+                         f"milliseconds")
     if workload.objective == "goodput" and not workload.slo().bounds():
         raise ValueError(f"{where}: objective 'goodput' needs at least one SLO (slo_ttft_p99_ms, slo_itl_p99_ms, "
                          f"slo_e2e_p99_ms)")

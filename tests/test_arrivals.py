@@ -162,7 +162,7 @@ def test_the_search_says_what_it_could_not_settle_and_names_a_percentile_from_fe
     ({"objective": "goodput", "arrivals": "rate:2"}, "needs at least one SLO"),
     ({"objective": "latency"}, "'latency' is not one of tps, goodput"),
     ({"arrivals": "trace", "objective": "goodput", "slo_ttft_p99_ms": 100.0}, "needs a traffic file with a timestamp"),
-    ({"arrivals": "rate:2", "objective": "goodput", "slo_ttft_p99_ms": -1.0}, "slo_ttft_p99_ms: -1.0"),
+    ({"arrivals": "rate:2", "objective": "goodput", "slo_ttft_p99_ms": -1.0}, "slo_ttft_p99_ms: -1.0 is not a positive"),
 ])
 def test_a_workload_whose_objective_cannot_rank_under_its_arrivals_is_refused(fields, needle):
     with pytest.raises(ValueError) as e:
