@@ -281,3 +281,18 @@ def test_open_loop_latency_counts_from_arrival_so_a_wait_for_a_free_slot_is_seen
     closed_ttft = bench.summarize(closed, wall, sent).ttft_ms["p99"]
     opened_ttft = bench.summarize(opened, wall, sent).ttft_ms["p99"]
     assert closed_ttft < 40 and opened_ttft > 200, (closed_ttft, opened_ttft)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--arrivals", "rate:0", "--slo-ttft-p99-ms", "100"], "--arrivals: 'rate:0': the rate and the burstiness"),
+    (["--arrivals", "rate:2"], "needs at least one SLO (--slo-ttft-p99-ms, --slo-itl-p99-ms, --slo-e2e-p99-ms)"),
+    (["--objective", "goodput", "--slo-ttft-p99-ms", "100"], "needs open-loop arrivals"),
+    (["--arrivals", "trace", "--slo-ttft-p99-ms", "100"], "default.jsonl:1 has none"),
+    (["--workload", "trace-cpu", "--slo-itl-p99-ms", "0", "--arrivals", "trace"], "--slo-itl-p99-ms: 0.0 is not a positive"),
+])
+def test_run_with_arrivals_it_cannot_rank_under_stops_with_one_line_and_writes_nothing(tmp_path, args, needle):
+    from test_traffic import agent_run, no_run_written
+
+    proc = agent_run(tmp_path / "home", *args)
+    assert proc.returncode == 2 and needle in " ".join(proc.stderr.split()), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and no_run_written(tmp_path / "home")
