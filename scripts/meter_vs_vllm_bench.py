@@ -56,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -230,6 +231,9 @@ def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, tim
             "--disable-shuffle", "--custom-output-len", str(workload.max_tokens),
             "--num-prompts", str(workload.num_prompts), "--max-concurrency", str(workload.concurrency),
             "--request-rate", "inf", "--num-warmups", "0", "--temperature", str(workload.temperature),
+            # Sampled: the agent's meter sends each request with its own seed (sandbox.traffic.seeded), so
+            # vLLM's requests are seeded too (one seed for all; the sampler's path is what costs, not the value).
+            *(["--extra-body", json.dumps({"seed": 0})] if workload.temperature else []),
             *(["--ignore-eos"] if workload.ignore_eos else []), "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(out_dir), "--result-filename", name]
     with open(out_dir / f"vllm-{tag}.log", "wb") as log:
@@ -274,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--space", type=Path, default=ROOT / "search_space" / "vllm-cpu.yaml")
     parser.add_argument("--out", type=Path, help="output folder (default runs/meter-vs-bench/<stamp>)")
     parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--sampled", type=float, metavar="T",
+                        help="sampled, EOS-terminated: the workload's requests at temperature T, seeded, without "
+                             "ignore_eos (vllm bench serve: --temperature T --extra-body '{\"seed\": 0}')")
     args = parser.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not set(arms) <= {"agent", "bare", "vllm", "v1", "deferred"} or "vllm" not in arms or len(arms) < 2:
@@ -284,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     if workload.traffic:   # vllm bench serve's custom dataset takes one length and one sampling for all
         sys.exit(f"error: --workload {args.workload}: a traffic workload; this comparison takes a template one "
                  f"(challenge-cpu, smoke, ...)")
+    if args.sampled is not None:   # every request sampled and free to stop at EOS, on both meters
+        workload = replace(workload, name=f"{workload.name}+sampled", temperature=args.sampled, ignore_eos=False)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "runs" / "meter-vs-bench" / stamp
     out.mkdir(parents=True, exist_ok=True)
@@ -324,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     row[arm] = run_agent(server, workload, timeout_s, sampler=(arm == "agent"))
                 m = row[arm]
-                if m["errors"] or m["short"] or m["tokens"] != workload.num_prompts * workload.max_tokens:
+                if m["errors"] or m["short"] or (workload.ignore_eos and
+                                                 m["tokens"] != workload.num_prompts * workload.max_tokens):
                     raise RuntimeError(f"round {i + 1} {arm}: {m['errors']} errors, {m['short']} short, "
                                        f"{m['tokens']} tokens")
             for arm in arms:
