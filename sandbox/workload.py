@@ -130,11 +130,15 @@ class Workload:
         search, heldout_size = len(self.pool("search")), len(self.pool("heldout"))
         need_search = self.warmup_requests + (repeats * self.num_prompts if self.prompt_split == "search" else 0)
         need_heldout = repeats * self.num_prompts if heldout or self.prompt_split == "heldout" else 0
+        if self.objective == "goodput":   # a goodput search: two fresh draws at least on each server
+            need_search = self.warmup_requests + (2 * self.num_prompts if self.prompt_split == "search" else 0)
+            need_heldout = 2 * self.num_prompts if heldout or self.prompt_split == "heldout" else 0
+        phases = "2 goodput rate points" if self.objective == "goodput" else f"{repeats} repeats"
         if search < need_search or heldout_size < need_heldout:
             total = len(_traffic(self.traffic).requests) if self.traffic else search + heldout_size
             raise TrafficError(
                 f"{self.traffic or 'prompts.jsonl'}: {total} requests split into {search} search and {heldout_size} "
-                f"held-out; {repeats} repeats of {self.num_prompts} requests need at least {need_search} search "
+                f"held-out; {phases} of {self.num_prompts} requests need at least {need_search} search "
                 f"({self.warmup_requests} warm-ups first) and {need_heldout} held-out distinct requests (about "
                 f"{math.ceil(max(need_search / (1 - HELDOUT_SHARE), need_heldout / HELDOUT_SHARE))} in the file; "
                 f"or fewer --repeats or num_prompts)")

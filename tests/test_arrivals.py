@@ -296,3 +296,10 @@ def test_run_with_arrivals_it_cannot_rank_under_stops_with_one_line_and_writes_n
     proc = agent_run(tmp_path / "home", *args)
     assert proc.returncode == 2 and needle in " ".join(proc.stderr.split()), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and no_run_written(tmp_path / "home")
+
+
+def test_a_split_too_small_for_two_goodput_rate_points_is_refused_naming_the_minimum():
+    w = load_workload({**load_workload("trace-cpu").as_dict(), "num_prompts": 40})
+    with pytest.raises(TrafficError, match="2 goodput rate points of 40 requests need at least 81 search"):
+        w.check(repeats=1)
+    load_workload("trace-cpu").check(repeats=1)
