@@ -687,7 +687,7 @@ def branches(run_id: str = typer.Option(None, "--run", help="Only this run.")) -
     """Proposed branches, best first, with TPS, ratio to defaults, PPL change and greedy agreement."""
     rows = sorted((t for t in open_ledger().trials(run_id) if t.branch),
                   key=lambda t: -t.claimed_ratio)
-    table = Table("branch", "tok/s", "claim (held-out vs defaults, bounds)", "search", "ppl change", "agreement",
+    table = Table("branch", unit(rows[0].meter) if rows else "tok/s", "claim (held-out vs defaults, bounds)", "search", "ppl change", "agreement",
                   "near-tie flips", "rule", "source", "commit")
     for t in rows:
         held = (f"{t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
@@ -761,7 +761,7 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     say(f"  {row.model} on {row.engine} {row.engine_version}, {row.hardware.get('cpu')} "
               f"({row.hardware.get('cpus')} cores{', ' + ', '.join(row.hardware['gpus']) if row.hardware.get('gpus') else ''})")
     if row.baseline_tps:
-        say(f"  baseline {row.baseline_tps:.2f} tok/s, noise ±{row.noise:.1%} log-sd ({row.noise_df} df), "
+        say(f"  baseline {row.baseline_tps:.2f} {unit((row.settings or {}).get('traffic'))}, noise ±{row.noise:.1%} log-sd ({row.noise_df} df), "
             f"ppl {row.baseline_ppl:.4f}; workload {row.workload}")
     if (row.settings or {}).get("traffic"):
         from agent.proposal import run_meter, traffic_line

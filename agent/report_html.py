@@ -14,6 +14,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
+from agent.gate import unit
 from agent.ledger import LearnedRule, Run, Trial
 from agent.proposal import run_meter, traffic_line
 from agent.refusals import describe
@@ -78,7 +79,7 @@ def speed_over_time(run: Run, trials: list[Trial]) -> str:
                                      name=name, marker=dict(color=color, symbol=symbol, size=11),
                                      hovertext=[_label(t) for t in pts], hoverinfo="text+y"))
     fig.update_layout(title="Output tokens/s of every trial (search prompts) over the night",
-                      xaxis_title="finished (UTC)", yaxis_title="tok/s")
+                      xaxis_title="finished (UTC)", yaxis_title=unit((run.settings or {}).get("traffic")))
     return _figure(fig)
 
 
@@ -125,7 +126,7 @@ def failures(trials: list[Trial], rules: list[LearnedRule]) -> str:
                           r.message[:300]] for r in rules]) if rules else "<p>None: vLLM refused nothing.</p>")
     pruned = [t for t in trials if t.status == "pruned"]
     parts.append("<h3>Pruned trials (stopped once they could not beat the defaults)</h3>")
-    parts.append(_table(["trial", "tok/s when stopped", "why"], [[t.number, t.tps, "; ".join(t.gate_reasons)[:300]]
+    parts.append(_table(["trial", f"{unit(trials[0].meter if trials else None)} when stopped", "why"], [[t.number, t.tps, "; ".join(t.gate_reasons)[:300]]
                                                                 for t in pruned]) if pruned else "<p>None.</p>")
     return "".join(parts)
 
@@ -158,7 +159,7 @@ def branch_section(run: Run, trials: list[Trial], show: Callable[[str, str], str
                           for f in (t.flips or [])[:12] if isinstance(f, dict))
         parts.append(
             f"<div class='branch'><h3>{html.escape(t.branch)}: {html.escape(_claim(t))}</h3>"
-            f"<p>search {t.tps_ratio:.3f}x, {t.tps:.2f} tok/s against {run.baseline_tps:.2f}; perplexity "
+            f"<p>search {t.tps_ratio:.3f}x, {t.tps:.2f} {unit(t.meter)} against {run.baseline_tps:.2f}; perplexity "
             f"{(t.ppl_change or 0):+.2%}; greedy agreement {(t.agreement or 0):.0%} under the {html.escape(t.rule or '')} "
             f"rule; {len(t.flips or [])} near-tie flip(s){': ' + html.escape(flips) if flips else ''}</p>"
             f"<p>{html.escape(t.rationale or '')}</p>"
@@ -183,7 +184,7 @@ def render(run: Run, trials: list[Trial], rules: list[LearnedRule], study,
                f"{html.escape(run.workload)}; {run.status}, started {run.started_at}, deadline {run.deadline_at}.</p>"
                + (f"<p>Traffic: {html.escape(traffic_line(run_meter(run), run.settings.get('traffic_source')))}.</p>"
                   if (run.settings or {}).get("traffic") else "")
-               + f"<p>Defaults: {run.baseline_tps or 0:.2f} tok/s, noise ±{(run.noise or 0):.1%} log-sd between server "
+               + f"<p>Defaults: {run.baseline_tps or 0:.2f} {unit((run.settings or {}).get('traffic'))}, noise ±{(run.noise or 0):.1%} log-sd between server "
                f"instances ({run.noise_df or 0} df), perplexity {run.baseline_ppl or 0:.4f}. "
                f"{html.escape(cal.get('aa') or '')}. Greedy rule {html.escape(str(cal.get('rule', '')))}"
                f"{', tau %.3f nats' % cal['tau'] if 'tau' in cal else ''}.</p>"
@@ -209,10 +210,10 @@ def render(run: Run, trials: list[Trial], rules: list[LearnedRule], study,
         "importance": ("Which knobs mattered", importance(study) if study is not None else
                        "<p>The run's Optuna study is not in this storage.</p>"),
         "speed-only": ("Measured for speed only (no quality phase: too slow to be accepted)", _table(
-            ["trial", "tok/s", "ratio", "why"], [[t.number, t.tps, t.tps_ratio, "; ".join(t.gate_reasons)[:300]]
+            ["trial", unit((run.settings or {}).get("traffic")), "ratio", "why"], [[t.number, t.tps, t.tps_ratio, "; ".join(t.gate_reasons)[:300]]
                                                  for t in speed_only]) if speed_only else "<p>None.</p>"),
         "trials": ("Every trial, with the planner's reason", _table(
-            ["#", "source", "status", "decision", "tok/s", "ratio", "held-out claim", "ppl", "config", "why"], rows)),
+            ["#", "source", "status", "decision", unit((run.settings or {}).get("traffic")), "ratio", "held-out claim", "ppl", "config", "why"], rows)),
     }
     sections = "".join(f"<section id='{key}'><h2>{html.escape(title)}</h2>{content}</section>"
                        for key, (title, content) in ((k, body[k]) for k in SECTIONS))

@@ -42,21 +42,20 @@ class Arrivals:
         """When each of `count` requests is sent, in seconds from the phase's start (None: closed loop).
 
         rate overrides the profile's own (the goodput search measures several). A trace lends its
-        timing, not its requests: phase `window` takes the trace's `count` consecutive timestamps from
-        position window * count (wrapping), relative to the first, times `scale`, or rescaled so the
-        trace's mean rate becomes `rate`. Which requests are sent is the draw's business (fresh ones
-        on every phase), so a trace's timing never makes a server see one request twice."""
+        timing, not its requests: at its own pace, phase `window` takes the trace's `count`
+        consecutive timestamps from position window * count (the trace repeating past its end),
+        relative to the first, times `scale`; at a given rate, every phase takes the first stretch,
+        rescaled so its requests arrive at that rate, so one pattern serves every rate point as with
+        `rate:`. Which requests are sent is the draw's business (fresh ones on every phase), so a
+        trace's timing never makes a server see one request twice."""
         if self.kind == "concurrency":
             return None
         if self.kind == "rate":
             return [t / (rate or self.rate) for t in unit_times(count, self.burstiness, self.seed)]
-        if not trace or len(trace) < 2:
-            raise TrafficError("arrivals 'trace' needs a traffic file with two or more timestamps")
-        first = window * count
-        times = [trace[(first + i) % len(trace)] + (trace[-1] - trace[0]) * ((first + i) // len(trace))
-                 for i in range(count)]
-        factor = self.scale if rate is None else mean_rate(trace) / rate
-        return [(t - times[0]) * factor for t in times]
+        times = stretch(trace, count, 0 if rate is not None else window)
+        if rate is None:
+            return [t * self.scale for t in times]
+        return [t * (count - 1) / (rate * times[-1]) for t in times] if times[-1] > 0 else [0.0] * count
     def describe(self) -> str:
         if self.kind == "rate":
             shape = "Poisson" if self.burstiness == 1 else f"gamma, burstiness {self.burstiness:g}"
@@ -74,6 +73,17 @@ class Arrivals:
         return "concurrency"
 
 
+def stretch(trace: list[float] | None, count: int, window: int) -> list[float]:
+    """count consecutive send times of a trace from position window * count, from 0; past its end the
+    trace repeats, one mean gap after its last request."""
+    if not trace or len(trace) < 2 or not trace[-1] > trace[0]:
+        raise TrafficError("arrivals 'trace' needs a traffic file with two or more distinct timestamps")
+    period = (trace[-1] - trace[0]) * len(trace) / (len(trace) - 1)
+    first = window * count
+    times = [trace[(first + i) % len(trace)] + period * ((first + i) // len(trace)) for i in range(count)]
+    return [t - times[0] for t in times]
+
+
 def mean_rate(trace: list[float]) -> float:
     """A trace's own pace, requests a second: its gaps' count over its span."""
     span = trace[-1] - trace[0]
@@ -88,6 +98,8 @@ def unit_times(n: int, burstiness: float, seed: int) -> list[float]:
     # NumPy's legacy generator, seeded: the draws `vllm bench serve --seed S` makes (np.random.gamma).
     gaps = np.random.RandomState(seed).gamma(shape=burstiness, scale=1.0 / burstiness, size=n)
     times = np.cumsum(gaps)
+    if not times[-1] > 0:   # every gap rounded to 0 (a burstiness near 0): all at once, as vLLM leaves them
+        return [0.0] * n
     return [float(t) for t in times * (n / times[-1])]
 
 
@@ -106,8 +118,8 @@ def parse(text: str, where: str = "--arrivals") -> Arrivals:
             return Arrivals()
         if kind == "trace":
             scale = float(parts[0]) if parts else 1.0
-            if len(parts) > 1 or not scale > 0:
-                raise ValueError("the scale must be one number above 0")
+            if len(parts) > 1 or not 0 < scale < float("inf"):
+                raise ValueError("the scale must be one finite number above 0")
             return Arrivals("trace", scale=scale)
         if not parts or "=" in parts[0]:
             raise ValueError("needs a rate in requests a second first")
@@ -121,6 +133,8 @@ def parse(text: str, where: str = "--arrivals") -> Arrivals:
                          seed=int(options.get("seed", 0)))
         if not (found.rate > 0 and found.burstiness > 0 and np.isfinite([found.rate, found.burstiness]).all()):
             raise ValueError("the rate and the burstiness must be finite and above 0")
+        if not 0 <= found.seed < 2 ** 32:
+            raise ValueError("the seed must be from 0 to 2**32 - 1 (NumPy's)")
         return found
     except ValueError as e:
         raise TrafficError(f"{where}: {text!r}: {e}") from None

@@ -5,7 +5,8 @@ config, so tokens/s cannot rank configs there. What can: how far the rate can ri
 TTFT, p99 inter-token latency or p99 end-to-end latency break their bounds. The search measures
 rate points (each a fresh draw of requests on the same seeded arrival pattern, scaled to the rate),
 doubling or halving from a start until one point holds and one breaks, then bisects between them
-until the two are within `tolerance` of the upper one. The figure is the highest rate that held.
+until the two are within `tolerance` of the upper one. The figure is where, between the last rate
+that held and the first that broke, the binding p99 crosses its bound (linearly).
 
 Not `vllm bench serve --goodput`: that is the share of requests meeting per-request SLOs, per
 second, at the one rate it was given (docs/arrivals.md).
@@ -60,7 +61,7 @@ class Point:
 
 @dataclass
 class Goodput:
-    rate: float               # requests a second: the highest rate that held (0: none did)
+    rate: float               # requests a second: where the p99 meets its bound between the bounds (0: none held)
     bounds: tuple[float, float | None]   # it held at the first, broke at the second (None: never broke)
     converged: bool           # the bounds are within the tolerance
     slo: dict[str, float]
@@ -107,5 +108,24 @@ def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tole
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if holds(mid) else (lo, mid)
     converged = lo is not None and hi is not None and (hi - lo) / hi <= tolerance
-    return Goodput(rate=round(lo or 0.0, 6), bounds=(round(lo or 0.0, 6), None if hi is None else round(hi, 6)),
+    return Goodput(rate=round(crossing(points, lo, hi, slo), 6),
+                   bounds=(round(lo or 0.0, 6), None if hi is None else round(hi, 6)),
                    converged=converged, slo=slo.bounds(), points=points)
+
+
+def crossing(points: list[Point], lo: float | None, hi: float | None, slo: Slo) -> float:
+    """Where between the last rate that held and the first that broke the binding p99 meets its
+    bound, linearly: a figure that varies with the server, not only with the search's steps (two
+    instances that stop on the same bracket still differ, so the gate sees their noise)."""
+    if lo is None:
+        return 0.0
+    if hi is None:
+        return lo
+    at = {p.rate: p for p in points}
+    held, broke = at[round(lo, 6)], at[round(hi, 6)]
+    fractions = []
+    for name, bound in slo.bounds().items():
+        below, above = getattr(held, name), getattr(broke, name)
+        if below is not None and above is not None and above > bound and above > below:
+            fractions.append(min(1.0, max(0.0, (bound - below) / (above - below))))
+    return lo + (hi - lo) * (min(fractions) if fractions else 0.0)   # broke by errors alone: the held rate

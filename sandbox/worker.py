@@ -92,9 +92,15 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
         on_point(f"rate point {point + 1} of at most {workload.rate_points()}, {rate:.3g} requests/s")
         requests = workload.measured(point)
         offsets = workload.offsets(len(requests), point, rate)
-        budget = bench_s + offsets[-1]   # from the last request's send time
-        with deadline(budget + 10, phase):
-            result, _ = asyncio.run(_measure(server, workload, requests, budget, offsets=offsets))
+        # From the last request's send time, every request at 2 tok/s at least: a point that overruns it
+        # is an overloaded server, a point that broke its SLOs, not a failed trial.
+        budget = offsets[-1] + 60 + workload.longest_output() / 2
+        with deadline(budget + 30, phase):
+            try:
+                result, _ = asyncio.run(_measure(server, workload, requests, budget, offsets=offsets))
+            except (asyncio.TimeoutError, TimeoutError):
+                result = bench.summarize([bench.RequestResult(ok=False, error=f"not answered within {budget:.0f} s")
+                                          for _ in requests], budget, requests)
         server.fail_if_dead(phase)
         measured.append(result)
         return result
@@ -107,10 +113,16 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
         lowest = found.points[-1]
         raise TrialFailure("bad_output", f"no rate held the SLOs: the lowest tried, {lowest.rate:g} requests/s, "
                                          f"broke them ({'; '.join(lowest.misses)})")
-    held = [m for m, p in zip(measured, found.points) if p.held and p.rate == found.rate]
+    if found.bounds[1] is None:   # a lower bound only: two configs that never broke would read alike
+        raise TrialFailure("bad_output", f"the SLOs held at every rate up to {found.rate:g} requests/s, the last of "
+                                         f"{len(found.points)} points this split allows; a goodput needs a rate that "
+                                         f"breaks them: start nearer the server's capacity (a higher rate:R, or "
+                                         f"a faster trace:SCALE)")
+    held = [m for m, p in zip(measured, found.points) if p.held and p.rate == found.bounds[0]]
     shown = held[0] if held else measured[0]
     return {**shown.to_dict(), "objective": "goodput", "figure": found.rate, "goodput": found.as_dict(),
-            "repeats_tps": [m.tps for m in measured], "draw_hashes": [m.draw_hash for m in measured]}
+            "repeats_tps": [found.rate], "points_tps": [m.tps for m in measured],
+            "draw_hashes": [m.draw_hash for m in measured]}
 
 
 class TrialRun:
@@ -297,7 +309,7 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
                 if spec.quality_above_tps is None or run.result["bench"]["figure"] > spec.quality_above_tps:
                     run.quality()
                 else:   # too slow to be accepted whatever its quality: the seconds go to the next trial
-                    run.result["quality_skipped"] = (f"{run.result['bench']['tps']} tok/s is not above "
+                    run.result["quality_skipped"] = (f"{run.result['bench']['figure']} is not above "
                                                      f"{spec.quality_above_tps}")
     except TrialFailure as failure:
         run.fail(failure.klass, failure.message, failure.log_tail, failure.cause)

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from sandbox.arrivals import Arrivals, mean_rate
+from sandbox.arrivals import Arrivals, mean_rate, stretch
 from sandbox.arrivals import parse as parse_arrivals
 from sandbox.goodput import Slo
 from sandbox.traffic import HELDOUT_SHARE, Request, Traffic, TrafficError, draw, keys_hash, seeded, shares
@@ -42,6 +42,7 @@ WORKLOAD_FIELDS = {
 ARRIVAL_FIELDS = ("arrivals", "objective", "slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_e2e_p99_ms")
 OBJECTIVES = ("tps", "goodput")   # output tokens/s at the fixed concurrency; requests/s within the SLOs
 MAX_RATE_POINTS = 12
+QUALITY_RESERVE = 32   # the search split's last requests, kept for the quality phase's greedy sample
 SPLITS = ("search", "heldout")
 
 
@@ -89,16 +90,20 @@ class Workload:
         return self.arrival_profile().offsets(count, rate, window, self.trace_times())
 
     def start_rate(self) -> float:
-        """Where the goodput search starts: the profile's rate, or the trace's own pace (times its scale)."""
+        """Where the goodput search starts: the profile's rate, or the pace of the trace's first stretch
+        (the one every rate point replays) at its scale (trace:0.5: twice as fast)."""
         profile = self.arrival_profile()
         if profile.kind == "rate":
             return profile.rate
-        return min(mean_rate(self.trace_times()) / profile.scale, 1000.0)
+        first = stretch(self.trace_times(), self.num_prompts, 0)
+        return min(mean_rate(first) / profile.scale, 1000.0)
 
     def rate_points(self) -> int:
-        """Fresh draws one server can take for the goodput search (no request twice), at most 12."""
+        """Fresh draws one server can take for the goodput search, at most 12: no request twice, and
+        none of the search split's last 32, which the quality phase may send (quality_requests)."""
         first = self.warmup_requests if self.prompt_split == "search" else 0
-        return min(MAX_RATE_POINTS, (len(self.pool()) - first) // self.num_prompts)
+        reserved = min(QUALITY_RESERVE, len(self.pool()) // 4) if self.prompt_split == "search" else 0
+        return min(MAX_RATE_POINTS, (len(self.pool()) - first - reserved) // self.num_prompts)
 
     def pool(self, split: str | None = None) -> list[Request]:
         """A split's requests in their fixed order, each sampled one with its seed (built once per workload)."""
@@ -310,6 +315,11 @@ def check_objective(workload: Workload, where: str, arrivals_where: str | None =
     if workload.objective == "goodput" and not workload.slo().bounds():
         raise ValueError(f"{where}: objective 'goodput' needs at least one SLO (slo_ttft_p99_ms, slo_itl_p99_ms, "
                          f"slo_e2e_p99_ms)")
+    if profile.kind == "trace" and workload.traffic and workload.trace_times():
+        try:
+            stretch(workload.trace_times(), 2, 0)
+        except ValueError as e:
+            raise ValueError(f"{where}: {workload.traffic}: {e}") from None
     if profile.kind == "trace":
         untimed = next((r for r in (_traffic(workload.traffic).requests if workload.traffic else [None])
                         if r is None or r.timestamp is None), False)

@@ -69,6 +69,7 @@ def test_open_loop_arrivals_are_the_ones_vllm_bench_serve_draws_for_that_seed(te
     mine = profile.offsets(40)
     assert mine == profile.offsets(40)   # reproducible from the seed alone
     theirs = vllm_send_times(40, rate, burstiness, seed)
+    assert len(mine) == len(theirs) == 40
     assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(mine, theirs)), (mine[:3], theirs[:3])
     assert math.isclose(mine[-1], 40 / rate)   # n requests span n / rate seconds, as in vLLM
     assert parse(text.replace(f"seed={seed}", f"seed={seed + 1}") if "seed" in text else text + ",seed=9"
@@ -93,11 +94,16 @@ def test_a_trace_lends_its_timing_window_by_window_at_its_pace_scaled_or_rescale
     assert parse("trace").offsets(3, trace=trace) == [0.0, 0.5, 3.0]
     assert parse("trace").offsets(3, window=1, trace=trace) == [0.0, 1.0, 1.5]   # the next phase: the next stretch
     assert parse("trace:0.5").offsets(3, trace=trace) == [0.0, 0.25, 1.5]
-    doubled = parse("trace").offsets(3, rate=2 * 5 / 11.5, trace=trace)   # twice the trace's own pace
-    assert all(math.isclose(a, b) for a, b in zip(doubled, [0.0, 0.25, 1.5]))
+    # At a given rate every point replays the first stretch, rescaled: 3 requests at 1 a second span 2 s.
+    at_one = parse("trace").offsets(3, rate=1.0, window=5, trace=trace)
+    assert len(at_one) == 3 and all(math.isclose(a, b) for a, b in zip(at_one, [0.0, 2 / 6, 2.0]))
+    # Past its end the trace repeats, one mean gap (11.5 / 5) after its last request.
+    wrapped = parse("trace").offsets(4, window=1, trace=trace)
+    assert all(math.isclose(a, b) for a, b in zip(wrapped, [0.0, 0.5, 0.5 + 2.3, 0.5 + 2.3 + 0.5]))
     assert parse("concurrency").offsets(3, trace=trace) is None
-    with pytest.raises(TrafficError, match="two or more timestamps"):
-        parse("trace").offsets(3, trace=None)
+    for bad in (None, [5.0], [3.0, 3.0, 3.0]):
+        with pytest.raises(TrafficError, match="two or more distinct timestamps"):
+            parse("trace").offsets(3, trace=bad)
 
 
 def test_a_trace_workload_takes_its_timing_from_the_file_and_its_requests_from_fresh_draws(tmp_path):
@@ -109,13 +115,15 @@ def test_a_trace_workload_takes_its_timing_from_the_file_and_its_requests_from_f
     first, second = shipped.offsets(4, 0), shipped.offsets(4, 1)
     assert first == [t - times[0] for t in times[:4]] and second == [t - times[4] for t in times[4:8]]
     assert shipped.measured(0) != shipped.measured(1)   # the requests: fresh draws, as on every meter
-    assert math.isclose(shipped.start_rate(), 247 / times[-1])
+    assert math.isclose(shipped.start_rate(), 3 / times[3])   # the pace of the stretch every rate point replays
+    assert shipped.offsets(4, 7, rate=2.0) == shipped.offsets(4, 0, rate=2.0)
 
 
 @pytest.mark.parametrize("text, needle", [
     ("rate:0", "above 0"), ("rate:fast", "'rate:fast'"), ("rate:2,burst=1", "unknown option 'burst'"),
     ("rate:2,0.5", "name=value"), ("uniform", "not one of concurrency"), ("trace:-1", "above 0"),
-    ("concurrency:4", "takes no value"), ("rate:inf", "finite"),
+    ("concurrency:4", "takes no value"), ("rate:inf", "finite"), ("trace:inf", "finite number above 0"),
+    ("rate:2,seed=-1", "the seed must be from 0"), ("rate:2,seed=4294967296", "the seed must be from 0"),
 ])
 def test_bad_arrivals_are_one_line_naming_the_value(text, needle):
     with pytest.raises(TrafficError, match="--arrivals") as e:
@@ -139,7 +147,9 @@ def test_the_search_brackets_then_bisects_to_the_known_capacity_within_five_perc
 
     found = search(measure, Slo(ttft_p99_ms=200), start=start)
     lo, hi = found.bounds
-    assert found.converged and lo <= capacity < hi and (hi - lo) / hi <= 0.05 and found.rate == lo
+    assert found.converged and lo <= capacity < hi and (hi - lo) / hi <= 0.05 and lo <= found.rate <= hi
+    # Between the bounds, where the p99 meets its bound: (200 - 50) / (900 - 50) of the way up.
+    assert math.isclose(found.rate, lo + (hi - lo) * 150 / 850, rel_tol=1e-5)
     assert len(measured) == len(found.points) <= 12 and all(p.percentile == "p99" for p in found.points)
     assert [p.held for p in found.points] == [r <= capacity for r in measured]
 
