@@ -14,6 +14,7 @@ second, at the one rate it was given (docs/arrivals.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -21,6 +22,13 @@ if TYPE_CHECKING:   # sandbox.bench imports the workload, which imports this mod
     from sandbox.bench import BenchResult
 
 P99_MIN_REQUESTS = 100   # below this a point's "p99" is its worst request, and it is named so
+SUSTAIN = 3              # a point's requests must arrive over at least 3 of their median latencies
+
+
+class Unsustained(ValueError):
+    """A rate point that held, but whose requests all arrived within a few of their own latencies: a
+    burst, not a sustained load, so holding it says nothing about the rate (measured on 2 cores,
+    2026-12-02: 4 requests a point let core binding "hold" 4.5 requests/s and a trace 462)."""
 MAX_HALVINGS = 6         # no lower than start / 64: below it a point's requests span 64 times longer
 
 
@@ -90,7 +98,14 @@ def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tole
     points: list[Point] = []
 
     def holds(rate: float) -> bool:
-        points.append(point(rate, measure(rate), slo))
+        result = measure(rate)
+        points.append(point(rate, result, slo))
+        span, typical = result.requests / rate, (result.latency_ms.get("p50") or 0) / 1000
+        if points[-1].held and span < SUSTAIN * typical:
+            raise Unsustained(f"at {rate:.3g} requests/s the point's {result.requests} requests arrived over "
+                              f"{span:.1f} s, less than {SUSTAIN} of their median latencies ({typical:.1f} s): a "
+                              f"burst, not a load; measure about {math.ceil(SUSTAIN * typical * rate * 2)} or more "
+                              f"requests a point (num_prompts) and a traffic file with room for them")
         return points[-1].held
 
     lo, hi, rate = None, None, start

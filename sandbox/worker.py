@@ -108,7 +108,10 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
     if workload.rate_points() < 2:
         raise TrialFailure("bad_output", f"{workload.where(workload.prompt_split)}: goodput needs at least two "
                                          f"fresh draws of {workload.num_prompts} requests on one server")
-    found = goodput.search(measure, workload.slo(), workload.start_rate(), max_points=workload.rate_points())
+    try:
+        found = goodput.search(measure, workload.slo(), workload.start_rate(), max_points=workload.rate_points())
+    except goodput.Unsustained as e:
+        raise TrialFailure("bad_output", f"goodput: {e}") from None
     if found.rate == 0:   # no figure to compare: the SLOs are out of this config's reach on this host
         lowest = found.points[-1]
         raise TrialFailure("bad_output", f"no rate held the SLOs: the lowest tried, {lowest.rate:g} requests/s, "

@@ -313,3 +313,19 @@ def test_a_split_too_small_for_two_goodput_rate_points_is_refused_naming_the_min
     with pytest.raises(TrafficError, match="2 goodput rate points of 40 requests need at least 81 search"):
         w.check(repeats=1)
     load_workload("trace-cpu").check(repeats=1)
+
+
+def test_a_point_that_held_only_as_a_burst_stops_the_search_naming_the_requests_needed():
+    """4 requests of 10 s each at 1 a second arrive within 4 s: whatever held there was a burst, not a
+    load (on 2 cores such points let core binding "hold" 4.5 requests/s and a trace 462)."""
+    from sandbox.goodput import Unsustained
+
+    def measure(rate):
+        r = figures(ttft_p99=100.0, requests=4)
+        return BenchResult(**{**r.__dict__, "latency_ms": {"p50": 10_000.0, "p99": 12_000.0}})
+
+    with pytest.raises(Unsustained, match=r"4 requests arrived over 4.0 s, less than 3 of their median latencies "
+                                          r"\(10.0 s\): a burst, not a load; measure about 60 or more"):
+        search(measure, Slo(ttft_p99_ms=200), start=1.0)
+    slow = lambda rate: BenchResult(**{**figures(100.0, requests=4).__dict__, "latency_ms": {"p50": 100.0}})
+    assert search(slow, Slo(ttft_p99_ms=200), start=1.0, max_points=3).points[0].held   # 4 s of arrivals, 0.1 s each
