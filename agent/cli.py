@@ -525,12 +525,14 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
         raise fail(f"{e}. Stopped rather than blame the next config; once `agent doctor --run {row.id}` "
                    f"finds nothing left: agent run --resume {row.id}", 1) from None
     except OperationalError as e:  # the database's transactions leave it consistent; only this run stops
-        raise fail(f"the ledger {ledger.where} could not be written ({storages.first_line(e)}); the run stopped. "
-                   f"Free the disk or bring the database back, then: agent run --resume {row.id}", 1) from None
+        raise ledger_gone(ledger, row.id, e) from None
     except (GitCommandError, optuna.exceptions.StorageInternalError) as e:
         # A branch not written, or the study not told: the ledger row of the trial in flight says what
         # was measured; a resume repairs the study from the ledger and re-proposes what is missing.
-        _close_interrupted(ledger, row.id, "stopped")
+        try:
+            _close_interrupted(ledger, row.id, "stopped")
+        except OperationalError as gone:   # the study failed because the database itself went away
+            raise ledger_gone(ledger, row.id, gone) from None
         what = "git" if isinstance(e, GitCommandError) else "the Optuna study"
         raise fail(f"{what} failed during run {row.id}: {str(e).strip().splitlines()[0][:200]}; the run stopped "
                    f"with its ledger consistent. Fix the cause, then: agent run --resume {row.id}", 1) from None
@@ -663,6 +665,11 @@ def _close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None
     run_row = ledger.run(run_id)
     recovery.repair(ledger, run_row, _storage(), gitops.open_repo(Path(run_row.repo)) if run_row.repo else None)
     ledger.update(run_row, status=status, finished_at=ledgers.utcnow())
+
+
+def ledger_gone(ledger: ledgers.Ledger, run_id: str, e: Exception):
+    return fail(f"the ledger {ledger.where} could not be written ({storages.first_line(e)}); the run stopped. "
+                f"Free the disk or bring the database back, then: agent run --resume {run_id}", 1)
 
 
 def _claim(t: ledgers.Trial) -> str:
