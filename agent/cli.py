@@ -35,6 +35,8 @@ model_app = typer.Typer(no_args_is_help=True, help="The embedded default model (
 ledger_app = typer.Typer(help="Every trial of every run: table, JSON, CSV, one trial in full, or SQL.")
 app.add_typer(model_app, name="model")
 app.add_typer(ledger_app, name="ledger")
+traffic_app = typer.Typer(no_args_is_help=True, help="Traffic files: a synthetic one for users without logs.")
+app.add_typer(traffic_app, name="traffic")
 console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=220)
 # Piped output (a file, less, a test) gets wide tables rather than truncated ids.
 out = Console() if sys.stdout.isatty() else Console(width=220)
@@ -97,6 +99,43 @@ def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the fo
     except (embedded.ModelError, ImportError, OSError) as e:
         raise fail(f"preparing {folder}: {e}", 1) from None
     console.print(f"ready: {folder} ({time.monotonic() - started:.0f} s)")
+
+
+@traffic_app.command("random")
+def traffic_random(
+    out: Path = typer.Argument(..., help="The traffic file to write (JSONL of OpenAI completions bodies)."),
+    input_len: int = typer.Option(256, help="Mean prompt length in the model's tokens (vllm bench serve --random-input-len)."),
+    output_len: int = typer.Option(128, help="Mean output length in tokens (--random-output-len)."),
+    range_ratio: float = typer.Option(0.0, help="Lengths uniform within this share of the means (--random-range-ratio)."),
+    num_prompts: int = typer.Option(1000, help="How many requests (a goodput search wants hundreds)."),
+    seed: int = typer.Option(0, help="The draw's seed: the same seed, model and lengths write the same file."),
+    ignore_eos: bool = typer.Option(True, help="Generate each output to its drawn length (random prompts end anywhere)."),
+    temperature: float = typer.Option(None, help="Sampling temperature (default: the server's, as vllm bench serve)."),
+    model: str = typer.Option("embedded", help="Model folder whose tokenizer counts the lengths; 'embedded' is Gemma 3 270M."),
+) -> None:
+    """Write a synthetic traffic file from prompt and output length distributions, drawn by vLLM's
+    random dataset: for `agent run --traffic FILE` until real traffic exists (docs/traffic.md)."""
+    from agent import synthetic
+
+    shape = synthetic.Shape(input_len, output_len, range_ratio, num_prompts, seed, ignore_eos, temperature)
+    try:
+        shape.check()
+    except ValueError as e:
+        raise fail(str(e)) from None
+    if model == "embedded":
+        model = str(embedded.prepare(say=lambda s: console.print(f"  {s}")))
+    elif hub.is_hub_id(model) and not Path(model).is_dir():
+        try:
+            model = hub.fetch(model, say=console.print).path
+        except hub.ModelUnavailable as e:
+            raise fail(f"--model: {e}") from None
+    elif not Path(model).is_dir():
+        raise fail(f"--model: {model!r} is neither a folder nor a Hugging Face id like org/name")
+    written = synthetic.write(shape, model, out)
+    lengths = sorted(b["max_tokens"] for b in written)
+    console.print(f"wrote {out}: {len(written)} requests, output {lengths[0]}-{lengths[-1]} tokens "
+                  f"(mean {sum(lengths) / len(lengths):.0f}), prompts about {input_len} tokens "
+                  f"(range ratio {range_ratio}), seed {seed}", highlight=False)
 
 
 @app.command()
