@@ -3,6 +3,8 @@ under the shipped trace's timing, ranked by the highest request rate whose p99 S
 
     .venv/bin/python scripts/goodput_table.py                  # CPU: defaults, core binding
     python3 scripts/goodput_table.py --gpu                     # GPU: defaults, ngram, ngram_gpu with async scheduling
+    python3 scripts/goodput_table.py --gpu --synthetic 100     # and a Poisson profile of 100 requests a point
+                                                               # on a synthetic file (agent traffic random)
 
 On each server: the workload's warm-ups, then the goodput search of sandbox.worker.goodput_on on
 each profile (the trial's own code: fresh draws of the search split per rate point, the same seeded
@@ -82,13 +84,28 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true")
     parser.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
     parser.add_argument("--configs", help="comma-separated subset of the configs")
+    parser.add_argument("--profiles", help="comma-separated subset of the profiles")
+    parser.add_argument("--synthetic", type=int, metavar="N",
+                        help="add a Poisson profile of N requests a rate point (a p99 over 100 or more is a p99) "
+                             "on a synthetic file of 14 N requests: agent traffic random's lengths, prompts about "
+                             "256 tokens, outputs about 128, range ratio 0.5, temperature 0.8")
     args = parser.parse_args()
     plan = GPU if args.gpu else CPU
+    out = ROOT / "runs" / "goodput-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.synthetic:
+        from agent import synthetic
+
+        path = out / "synthetic.jsonl"
+        synthetic.write(synthetic.Shape(256, 128, 0.5, 14 * args.synthetic, 0, True, 0.8), args.model, path)
+        poisson = plan["profiles"]["poisson"]
+        plan["profiles"]["synthetic"] = {**poisson, "name": f"{poisson['name']}-synthetic", "traffic": str(path),
+                                         "num_prompts": args.synthetic}
+    if args.profiles:
+        plan["profiles"] = {k: v for k, v in plan["profiles"].items() if k in args.profiles.split(",")}
     fixed_flags, fixed_env = plan["fixed"]
     names = args.configs.split(",") if args.configs else list(plan["configs"])
     profiles = {k: load_workload(v) for k, v in plan["profiles"].items()}
-    out = ROOT / "runs" / "goodput-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in names:
         flags, env = plan["configs"][name]
