@@ -184,6 +184,8 @@ def run(
                                             "or a timestamped trace (docs/traffic.md); measured with the workload's "
                                             "concurrency and request counts."),
     chat_template: Path = typer.Option(None, help="A Jinja chat template for chat requests, when the model has none."),
+    multi_turn: bool = typer.Option(False, help="Replay --traffic ShareGPT conversations turn by turn with their "
+                                                "history (chat requests), not their first turn only."),
     quality_text: Path = typer.Option(None, help="Plain text for perplexity, paragraphs apart (default: the shipped "
                                                  "public-domain passages)."),
     quality: str = typer.Option(None, help="Quality set: quick (CPU default) or default (GPU default)."),
@@ -261,7 +263,7 @@ def run(
 
 
 def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, space_name, workload, quality, repo,
-             sampler, draft_model, planner, traffic, chat_template, quality_text, **settings) -> ledgers.Run:
+             sampler, draft_model, planner, traffic, chat_template, multi_turn, quality_text, **settings) -> ledgers.Run:
     """Check every option, prepare the model, and write the run's row: everything a resume needs is in it."""
     from agent import traffic as traffics
     from sandbox.host import engine as engine_info, hardware
@@ -288,12 +290,14 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
         meter = load_workload(workload)
     except ValueError as e:
         raise fail(f"--workload: {e}") from None
+    if multi_turn and not traffic:
+        raise fail("--multi-turn: replays a --traffic file's conversations turn by turn; give --traffic FILE")
     for option, given in (("--traffic", traffic), ("--chat-template", chat_template), ("--quality-text", quality_text)):
         if given is not None and not given.is_file():
             raise fail(f"{option}: {given} is not a file")
     if traffic:
         try:   # the file's form, every line, before the model is prepared (ShareGPT's lengths come later)
-            load_traffic(traffic)
+            load_traffic(traffic, multi_turn=multi_turn)
         except TrafficError as e:
             raise fail(f"--traffic: {e}") from None
     if settings["arrivals"] or settings["objective"]:
@@ -347,7 +351,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
             meter = replace(meter, chat_template=str(chat_template.resolve()))
         if traffic:   # the run's own copy, read by every trial (docs/traffic.md)
             copy = home / run_id / "traffic" / traffic.name
-            source = traffics.prepare(traffic, copy, tokens.count if tokens else None)
+            source = traffics.prepare(traffic, copy, tokens.count if tokens else None, multi_turn)
             meter = traffics.with_traffic(meter, copy, str(chat_template.resolve()) if chat_template else None)
             requests, named = list(source.requests), str(traffic)
         else:

@@ -65,13 +65,14 @@ def model_limit(model_dir: str) -> int | None:
     return None
 
 
-def prepare(source: Path, out: Path, count_tokens: Callable[[str], int] | None) -> Traffic:
-    """Read the user's file (ShareGPT replies counted in the model's tokens), and write the run's
-    own copy of its requests as OpenAI bodies: the night measures that copy, whatever happens to
-    the source later."""
-    found = traffic_files.load(source, count_tokens=count_tokens)
+def prepare(source: Path, out: Path, count_tokens: Callable[[str], int] | None, multi_turn: bool = False) -> Traffic:
+    """Read the user's file (ShareGPT replies counted in the model's tokens; multi_turn: every turn of
+    its conversations), and write the run's own copy of its requests as OpenAI bodies: the night
+    measures that copy, whatever happens to the source later."""
+    found = traffic_files.load(source, count_tokens=count_tokens, multi_turn=multi_turn)
     out.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({**r.body, **({"timestamp": r.timestamp} if r.timestamp is not None else {})}) + "\n"
+    lines = [json.dumps({**r.body, **({"timestamp": r.timestamp} if r.timestamp is not None else {}),
+                         **({"conversation": r.conversation} if r.conversation is not None else {})}) + "\n"
              for r in found.requests]
     out.write_text("".join(lines))
     return found

@@ -276,34 +276,54 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
     after the start whatever the server does, `concurrency` still capping those in flight, and its
     latencies count from its arrival (a wait for a free slot is a queue the user sees). With a
     pruner, the requests still to run are cancelled once it calls the phase hopeless, and only the
-    finished ones are returned."""
+    finished ones are returned. A conversation's turn is sent only once the turn before it in these
+    requests has been answered (open loop: at its arrival time or then, whichever is later)."""
     gate = asyncio.Semaphore(concurrency)
     pool = _Connections(base_url, connect_timeout_s=10.0)
     done: list[RequestResult] = []
     stop = asyncio.Event()
+    answered = [asyncio.Event() for _ in requests]
+    before = previous_turns(requests)
 
-    async def bounded(request: Request, at: float | None) -> RequestResult | None:
-        if at:
-            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-        async with gate:
-            if stop.is_set():
-                return None
-            result = await one_request(pool, ENDPOINTS[request.endpoint], request_body(model, request),
-                                       None if at is None else start + at)
-            result.exact_tokens = request.max_tokens if request.body.get("ignore_eos") else None
-            done.append(result)
-            if pruner and pruner.hopeless(done, time.perf_counter() - start):
-                stop.set()
-            return result
+    async def bounded(i: int, request: Request, at: float | None) -> RequestResult | None:
+        try:
+            if at:
+                await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            arrival = None if at is None else start + at
+            if before[i] is not None:
+                await answered[before[i]].wait()
+                arrival = None if at is None else max(arrival, time.perf_counter())
+            async with gate:
+                if stop.is_set():
+                    return None
+                result = await one_request(pool, ENDPOINTS[request.endpoint], request_body(model, request), arrival)
+                result.exact_tokens = request.max_tokens if request.body.get("ignore_eos") else None
+                done.append(result)
+                if pruner and pruner.hopeless(done, time.perf_counter() - start):
+                    stop.set()
+                return result
+        finally:
+            answered[i].set()
 
     try:
         start = time.perf_counter()
         times = offsets if offsets is not None else [None] * len(requests)
-        results = await asyncio.wait_for(asyncio.gather(*(bounded(r, at) for r, at in zip(requests, times))),
-                                         timeout_s)
+        results = await asyncio.wait_for(
+            asyncio.gather(*(bounded(i, r, at) for i, (r, at) in enumerate(zip(requests, times)))), timeout_s)
         return [r for r in results if r is not None], time.perf_counter() - start
     finally:
         pool.close()
+
+
+def previous_turns(requests: list[Request]) -> list[int | None]:
+    """For each request, the index of its conversation's previous turn among these requests (None: none)."""
+    last: dict[str, int] = {}
+    out: list[int | None] = []
+    for i, r in enumerate(requests):
+        out.append(last.get(r.conversation) if r.conversation is not None else None)
+        if r.conversation is not None:
+            last[r.conversation] = i
+    return out
 
 
 def summarize(results: list[RequestResult], wall_s: float, requests: list[Request]) -> BenchResult:

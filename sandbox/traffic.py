@@ -15,6 +15,14 @@ Three formats, told apart by their first record:
   `output_length` is read as `max_tokens`, its `input_length` and `hash_ids` are left, since the
   line's own prompt is sent). The requests are used here; their timing is the arrival profile's.
 
+Conversations: lines of the first or third format that share a `conversation` id (a string or a
+number) are the turns of one conversation, in file order, each with its history in its own
+`messages` (or prompt). With `multi_turn`, a ShareGPT conversation becomes such turns: turn j is a
+chat request of the first j human turns and the j - 1 recorded replies between them, its
+`max_tokens` the length of reply j. A conversation stays on one side of the split, its turns
+adjacent and in order in every draw, and the meter sends a turn only once the turn before it in
+the same draw has been answered, so the prefix reuse across turns is measured as served.
+
 Every field of the OpenAI schema is either sent as given, dropped because it cannot change what
 the server does (`model`, `user`, ...), or refused by name where the meter cannot honour it
 (`n` above 1, `stream: false`, tools, ...). A field outside the schema is an error, as is an
@@ -32,7 +40,8 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +98,19 @@ class Request:
     body: dict                    # what is sent, less model and streaming (the meter adds those)
     line: int                     # where it came from (1-based; a ShareGPT array: the entry's index + 1)
     timestamp: float | None = None
+    conversation: str | None = None   # the id shared by the turns of one conversation
+    turn: int = 0                     # this request's place in its conversation (0: the first)
 
     @property
     def key(self) -> str:
         return hashlib.sha256(json.dumps([self.endpoint, self.body], sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def group(self) -> str:
+        """What the split is hashed on: the conversation (its turns stay together), else the request."""
+        if self.conversation is None:
+            return self.key
+        return hashlib.sha256(f"conversation {self.conversation}".encode()).hexdigest()[:16]
 
     @property
     def max_tokens(self) -> int | None:
@@ -122,15 +140,16 @@ class Traffic:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def split(self, name: str) -> list[Request]:
-        """The split's distinct requests in a fixed order (by key), whatever the file's order: a request
-        the file holds twice is one request here, so no draw sends it twice to one server."""
+        """The split's distinct requests in a fixed order (by key; a conversation's turns together, in
+        order), whatever the file's order: a request the file holds twice is one request here, so no
+        draw sends it twice to one server."""
         if name not in ("search", "heldout"):
             raise ValueError(f"split {name!r} is not search or heldout")
         chosen: dict[str, Request] = {}
         for r in self.requests:
-            if split_of(r.key) == name:
+            if split_of(r.group) == name:
                 chosen.setdefault(r.key, r)
-        return [chosen[k] for k in sorted(chosen)]
+        return sorted(chosen.values(), key=lambda r: (r.group, r.turn, r.key))
 
     def summary(self) -> dict:
         """What the ledger and a branch may carry about the traffic: hashes and statistics, no text."""
@@ -201,6 +220,11 @@ def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None
         raise TrafficError(f"{where}: {str(raw)[:60]!r} is not a JSON object")
     raw = dict(raw)
     timestamp = raw.pop("timestamp", None)
+    conversation = raw.pop("conversation", None)
+    if conversation is not None:
+        if isinstance(conversation, bool) or not isinstance(conversation, (str, int)) or conversation == "":
+            raise TrafficError(f"{where}: conversation is {json.dumps(conversation)[:60]}, not a string or number id")
+        conversation = str(conversation)
     for alias in ("output_tokens", "output_length"):   # vLLM's custom dataset; its timed trace
         if alias in raw:
             if "max_tokens" in raw:
@@ -243,7 +267,7 @@ def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None
         body["max_tokens"] = default_max_tokens
     if timestamp is not None:
         timestamp = _number(where, "timestamp", timestamp, float)
-    return Request(endpoint, body, line, timestamp)
+    return Request(endpoint, body, line, timestamp, conversation)
 
 
 def _records(path: Path) -> tuple[list[tuple[int, Any]], str]:
@@ -274,7 +298,7 @@ def _records(path: Path) -> tuple[list[tuple[int, Any]], str]:
 
 
 def _sharegpt(path: Path, records: list[tuple[int, Any]], count_tokens: Callable[[str], int] | None,
-              ) -> tuple[list[Request], int]:
+              multi_turn: bool = False) -> tuple[list[Request], int]:
     """count_tokens None: the form is checked, the lengths (and vLLM's length rule) wait for the tokenizer."""
     requests, skipped = [], 0
     for line, item in records:
@@ -285,6 +309,11 @@ def _sharegpt(path: Path, records: list[tuple[int, Any]], count_tokens: Callable
             raise TrafficError(f"{where}: conversations is {str(turns)[:60]!r}, not a list of {{from, value}} turns")
         if len(turns) < 2:   # vLLM's ShareGPTDataset drops these too
             skipped += 1
+            continue
+        if multi_turn:
+            found = _conversation(item, turns, line, count_tokens)
+            skipped += not found
+            requests += found
             continue
         prompt, reply = turns[0]["value"], turns[1]["value"]   # whatever their roles, as vLLM takes them
         if count_tokens is None:   # the file's form only: lengths are counted once the tokenizer is here
@@ -298,17 +327,52 @@ def _sharegpt(path: Path, records: list[tuple[int, Any]], count_tokens: Callable
     return requests, skipped
 
 
+def _conversation(item: dict, turns: list[dict], line: int, count_tokens: Callable[[str], int] | None,
+                  ) -> list[Request]:
+    """A ShareGPT conversation turn by turn: turn j is a chat request of the first j prompts and the
+    j - 1 recorded replies between them (by position, whatever their roles, as vLLM takes a first
+    turn), its max_tokens the length of reply j. Its first turn must pass vLLM's rule; a later reply
+    of no tokens ends it."""
+    conversation = str(item["id"]) if isinstance(item.get("id"), (str, int)) and item.get("id") != "" else f"line {line}"
+    out, history = [], []
+    for j in range(0, len(turns) - 1, 2):
+        prompt, reply = turns[j]["value"], turns[j + 1]["value"]
+        if count_tokens is None:
+            output_len = 1
+        else:
+            output_len = count_tokens(reply)
+            if j == 0 and (not prompt or not sharegpt_kept(count_tokens(prompt), output_len)) or output_len < 1:
+                break
+        history = [*history, {"role": "user", "content": prompt or " "}]
+        out.append(Request("chat", {"messages": history, "max_tokens": output_len}, line, None, conversation, j // 2))
+        history = [*history, {"role": "assistant", "content": reply}]
+    return out
+
+
 def sharegpt_kept(prompt_len: int, output_len: int) -> bool:
     """vLLM's rule for ShareGPT conversations (vllm.benchmarks.datasets.is_valid_sequence): a prompt
     and a reply of at least 4 tokens, a prompt of at most 1024 and both of at most 2048."""
     return prompt_len >= 4 and output_len >= 4 and prompt_len <= 1024 and prompt_len + output_len <= 2048
 
 
+def numbered(requests: list[Request]) -> list[Request]:
+    """Each turn of a conversation numbered by its place in the file."""
+    seen: Counter = Counter()
+    out = []
+    for r in requests:
+        if r.conversation is not None:
+            r = replace(r, turn=seen[r.conversation])
+            seen[r.conversation] += 1
+        out.append(r)
+    return out
+
+
 def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
-         default_max_tokens: int | None = None) -> Traffic:
+         default_max_tokens: int | None = None, multi_turn: bool = False) -> Traffic:
     """A traffic file, every request checked. count_tokens (the model's tokenizer) gives ShareGPT replies
     their lengths (None: their form only is checked); default_max_tokens bounds requests that give none
-    (None: such a request is an error)."""
+    (None: such a request is an error); multi_turn: ShareGPT conversations turn by turn, not their first
+    turn only."""
     path = Path(path)
     records, shape = _records(path)
     if not records:
@@ -318,9 +382,9 @@ def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
     skipped = 0
     if is_sharegpt:
         fmt = "sharegpt"
-        requests, skipped = _sharegpt(path, records, count_tokens)
+        requests, skipped = _sharegpt(path, records, count_tokens, multi_turn)
     else:
-        requests = [request_from(raw, f"{path}:{line}", line, default_max_tokens) for line, raw in records]
+        requests = numbered([request_from(raw, f"{path}:{line}", line, default_max_tokens) for line, raw in records])
         stamped = [r.timestamp is not None for r in requests]
         fmt = "trace" if any(stamped) else "openai"
         if fmt == "trace":
@@ -342,8 +406,7 @@ def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
 def seeded(request: Request) -> Request:
     """A sampled request without its own seed gets one from its key: every config draws the same."""
     if request.sampled and "seed" not in request.body:
-        return Request(request.endpoint, {**request.body, "seed": int(request.key[:8], 16)}, request.line,
-                       request.timestamp)
+        return replace(request, body={**request.body, "seed": int(request.key[:8], 16)})
     return request
 
 

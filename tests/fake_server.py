@@ -58,7 +58,7 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if record := os.environ.get("FAKE_RECORD"):   # every request as received, for the tests to read
             with open(record, "a") as f:
-                f.write(json.dumps({"path": self.path, "body": body}) + "\n")
+                f.write(json.dumps({"path": self.path, "body": body, "at": time.time()}) + "\n")
         if MODE == "errors":
             self.send(500, {"error": {"message": "fake internal error"}})
         elif MODE == "garbage":   # 200 OK with bytes that are not the API's JSON
