@@ -9,6 +9,7 @@ import structlog
 from rich.console import Console
 from rich.markup import escape
 from agent import refusals
+from agent.budget import plan_line
 from agent.gate import unit
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -31,6 +32,8 @@ def _line(event: str, info: dict) -> str | None:
                 if cal["rule"] == "calibrated" else "greedy rule exact")
         return escape(f"baseline: {info['tps']:.2f} {info.get('unit', 'tok/s')} (instances {instances}; noise ±{info['noise']:.1%} "
                       f"log-sd, {info['df']} df), ppl {info['ppl']:.4f}; {rule}")
+    if event == "plan":
+        return escape(plan_line(info))
     if event == "aa":
         return escape(info["line"])
     if event == "drift":

@@ -18,7 +18,7 @@ from typing import Protocol
 import optuna
 
 from agent import crew, gate, gitops, proposal, refusals
-from agent.budget import seconds_left
+from agent.budget import first_plan, seconds_left
 from agent.gate import Baseline, GateSettings, Instance, MeasureFailed
 from agent.ledger import LearnedRule, Ledger, RangeChange, Repeat, Run, Trial, Worker, utcnow
 from agent.planner import BuiltinPlanner, Planner
@@ -584,8 +584,15 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
     """The defaults (the space's fixed part only) on fresh server instances, then the A/A check: the
     defaults once more as if a candidate, which the gate must call no loss and no gain."""
     history = ledger.trials(run.id)
-    for _ in range(settings.baseline_instances - sum(1 for t in history if t.source == "baseline" and t.status == "ok")):
-        run_defaults(run, settings, space, ledger, engine, defaults, say, "baseline", "engine defaults")
+    done = sum(1 for t in history if t.source == "baseline" and t.status == "ok")
+    for i in range(settings.baseline_instances - done):
+        first = run_defaults(run, settings, space, ledger, engine, defaults, say, "baseline", "engine defaults")
+        if done + i == 0:   # the first instance says what the budget fits
+            points = len(((first.measured or {}).get("goodput") or {}).get("points") or []) or None
+            plan = first_plan(first.timings.get("total_s", 0), settings.baseline_instances,
+                              seconds_left(run.deadline_at), points)
+            ledger.update(run, calibration={**(run.calibration or {}), "plan": plan})
+            say("plan", **plan)
     history = ledger.trials(run.id)
     aa = next((t for t in history if t.source == "aa" and t.status == "ok"), None)
     if aa is None:

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent import crew, refusals
+from agent.budget import minutes, plan_line
 from agent.gate import unit
 from agent.ledger import Ledger, Run, Trial, Worker
 from agent.recovery import lock_holder
@@ -42,10 +43,6 @@ def in_flight(events: Path) -> tuple[int, str, datetime] | None:
                 return None
             return e["number"], e["phase"], datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00"))
     return None
-
-
-def minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def describe_params(t: Trial) -> str:
@@ -93,6 +90,8 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
     if run.baseline_tps:
         aa = (run.calibration or {}).get("aa") or "A/A check not judged yet"
         lines.append(f"  baseline {run.baseline_tps:.2f} {unit((run.settings or {}).get('traffic'))} (noise ±{(run.noise or 0):.1%} log-sd); {aa}")
+    if plan := (run.calibration or {}).get("plan"):
+        lines.append(f"  {plan_line(plan)}")
     lines += crew_lines(list(workers), trials)
     flight = in_flight(home / run.id / "events.jsonl") if pid else None
     by_number = {t.number: t for t in trials}

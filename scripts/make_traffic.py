@@ -11,6 +11,10 @@ docs/traffic.md.
 chat.jsonl: chat requests (messages) for the chat endpoint, served with gemma-chat.jinja (the
 embedded model is a base model; its GGUF has no template).
 
+conversations.jsonl: chat conversations of four turns each, one line a turn with its history and a
+shared `conversation` id, replayed turn by turn (docs/traffic.md): what a prefix cache gains on
+conversations is measured as served.
+
 trace.jsonl: default.jsonl's requests with a timestamp each (bursty arrivals, one a second on
 average): the shipped trace for `--arrivals trace`.
 
@@ -116,6 +120,50 @@ def chat_traffic() -> list[dict]:
     return rows
 
 
+NOTES = [
+    "{s} have a long history that most people never hear about",
+    "the people who work with {s} every day see them differently from visitors",
+    "a few numbers about {s} surprise almost everyone who reads them",
+    "there are common myths about {s} that the guide should correct",
+    "photographs of {s} rarely show how they change through the year",
+    "anyone can start learning about {s} with a notebook and a free afternoon",
+]
+TURNS = [
+    ("I am writing a short guide about {s} for curious readers. My notes so far: {notes}. "
+     "What should the guide open with?",
+     "Open with a scene: a reader standing in front of {s} for the first time, noticing one detail they "
+     "did not expect. Then say in one sentence why {s} matter to ordinary people, and promise what the "
+     "guide will show them."),
+    ("Good. What are three facts about {s} a reader should remember?",
+     "First, {s} are older and more varied than most people think. Second, they change with the seasons "
+     "and with the people around them. Third, small choices by visitors and neighbours decide how they "
+     "will look in fifty years."),
+    ("Which of those is most often misunderstood, and why?",
+     "The third. People assume {s} look after themselves, because they have always been there; the "
+     "work that keeps them as they are is quiet, slow and mostly done by volunteers nobody sees."),
+    ("Write a one-paragraph closing for the guide.", None),
+]
+
+
+def conversation_traffic() -> list[dict]:
+    """Four turns about each subject: each line a chat request carrying its history (the recorded
+    replies above), the turns of one conversation sharing its id, in order."""
+    rng = random.Random(3)
+    rows = []
+    for i, subject in enumerate(SUBJECTS):
+        notes = "; ".join(n.format(s=subject) for n in rng.sample(NOTES, 3))
+        sampling = ({"temperature": rng.choice([0.7, 1.0]), "top_p": 0.95} if rng.random() < 0.6
+                    else {"temperature": 0.0})
+        history: list[dict] = []
+        for ask, reply in TURNS:
+            history = [*history, {"role": "user", "content": ask.format(s=subject, notes=notes)}]
+            rows.append({"conversation": f"guide-{i}", "messages": history,
+                         "max_completion_tokens": rng.choice([48, 64, 96]), **sampling})
+            if reply:
+                history = [*history, {"role": "assistant", "content": reply.format(s=subject)}]
+    return rows
+
+
 def trace_traffic() -> list[dict]:
     """The default's requests as a timestamped trace: bursty arrivals (gamma gaps, shape 0.5, so the
     gaps spread twice as wide as a Poisson process's) at one request a second on average, in seconds
@@ -131,7 +179,7 @@ def trace_traffic() -> list[dict]:
 
 def main() -> None:
     for name, rows in (("default.jsonl", default_traffic()), ("chat.jsonl", chat_traffic()),
-                       ("trace.jsonl", trace_traffic())):
+                       ("trace.jsonl", trace_traffic()), ("conversations.jsonl", conversation_traffic())):
         (OUT / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"wrote {len(rows)} requests to {OUT / name}")
 

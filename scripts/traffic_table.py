@@ -2,6 +2,7 @@
 and the chat example: what the meter choice does to a config's ratio.
 
     .venv/bin/python scripts/traffic_table.py                    # CPU: defaults, core binding, binding + ngram
+    .venv/bin/python scripts/traffic_table.py --only defaults,no-prefix-cache --workloads conversations-cpu,chat-cpu
     python3 scripts/traffic_table.py --gpu                       # GPU: defaults, ngram, ngram_gpu with async scheduling
 
 One fresh server per config (the space's fixed flags, the workloads' context length, the shipped
@@ -35,7 +36,8 @@ CPU = {
     "fixed": ({"max-model-len": 2048}, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_USE_AOT_COMPILE": "0"}),
     "configs": {"defaults": ({}, {}),
                 "binding": ({}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}),
-                "binding+ngram": ({"speculative-config": NGRAM}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"})},
+                "binding+ngram": ({"speculative-config": NGRAM}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}),
+                "no-prefix-cache": ({"enable-prefix-caching": False}, {})},
     "workloads": ["challenge-cpu", "default-cpu", "chat-cpu"],
 }
 GPU = {
@@ -61,6 +63,7 @@ def measure(server: Server, name: str, repeats: int) -> dict:
     accepted = sum(m.get("spec_accepted_tokens") or 0 for _, m in runs)
     return {"workload": name, "tps": round(statistics.median(tps), 3), "repeats_tps": tps,
             "acceptance": round(accepted / drafted, 3) if drafted else None,
+            "ttft_p50_ms": round(statistics.median(b.ttft_ms.get("p50", 0) for b, _ in runs), 1),
             "ttft_p99_ms": max(b.ttft_ms.get("p99", 0) for b, _ in runs),
             "itl_p99_ms": max(b.itl_ms.get("p99", 0) for b, _ in runs), "finish": finish,
             "errors": sum(b.errors for b, _ in runs)}
@@ -72,8 +75,11 @@ def main() -> int:
     parser.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--only", help="comma-separated config names")
+    parser.add_argument("--workloads", help="comma-separated workload names (default: the plan's)")
     args = parser.parse_args()
     plan = GPU if args.gpu else CPU
+    if args.workloads:
+        plan["workloads"] = args.workloads.split(",")
     out = ROOT / "runs" / "traffic-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
     fixed_flags, fixed_env = plan["fixed"]
@@ -95,13 +101,13 @@ def main() -> int:
         finally:
             server.stop(30)
     base = {r["workload"]: r["tps"] for r in rows if r["config"] == "defaults"}
-    lines = ["| config | workload | tok/s | ratio | acceptance | TTFT p99 ms | ITL p99 ms | ended (eos/stop/length) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | workload | tok/s | ratio | acceptance | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | ended (eos/stop/length) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['tps'] / base[r['workload']]:.3f}x" if base.get(r["workload"]) else "-"
         ended = "/".join(str(r["finish"].get(k, 0)) for k in ("eos", "stop", "length"))
         lines.append(f"| {r['config']} | {r['workload']} | {r['tps']:.2f} | {ratio} | {r['acceptance'] if r['acceptance'] is not None else '-'} "
-                     f"| {r['ttft_p99_ms']:.0f} | {r['itl_p99_ms']:.0f} | {ended} |")
+                     f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['itl_p99_ms']:.0f} | {ended} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"written: {out}")

@@ -338,3 +338,34 @@ def test_a_result_that_comes_after_the_trial_was_recorded_interrupted_is_dropped
     study = optuna.load_study(study_name="lost", storage=f"sqlite:///{tmp_path / 'o.sqlite'}")
     assert study.trials[row.optuna_number].state == optuna.trial.TrialState.FAIL
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_the_first_instance_says_what_the_budget_fits(night):
+    """Once, after the first instance of the defaults: its cost, the instances still needed before the
+    first candidate, and when that candidate and its first decision can be expected."""
+    from agent.status import describe
+
+    ledger, _, run, tmp_path, events = night
+    plans = [i for e, i in events if e == "plan"]
+    assert run.calibration["plan"] == plans[0]   # kept with the run: agent status shows it
+    assert sum(line.startswith("  plan: an instance of the defaults took") for line in
+               describe(run, ledger.trials("r1"), tmp_path)) == 1
+    assert len(plans) == 1 and plans[0]["before_candidate"] == 2   # the second baseline instance and the A/A
+    first_trial = next(i for e, i in events if e == "trial")
+    assert [e for e, _ in events].index("plan") > [e for e, _ in events].index("trial")
+    assert plans[0]["instance_s"] >= 0 and plans[0]["left_s"] <= 8 and first_trial["number"] == 0
+
+
+@pytest.mark.parametrize("left, fits, tail", [
+    (1400, "decision", "; 23 min left"),
+    (1000, "candidate", "a first candidate fits, its decision likely not (a --budget of about 23 min would)"),
+    (600, "nothing", "no candidate fits (a --budget of about 23 min would reach a first decision)"),
+])
+def test_the_plan_line_names_what_fits_and_what_budget_would(left, fits, tail):
+    from agent.log import plan_line
+
+    plan = budget.first_plan(280.0, 2, left)
+    assert plan["fits"] == fits and plan["candidate_in_s"] == 560 and plan["decided_in_s"] == 1120
+    line = plan_line(plan)
+    assert line.startswith("plan: an instance of the defaults took 5 min here; 2 more before the first "
+                           "candidate (in about 9 min), its first decision in about 19 min; ") and line.endswith(tail)
