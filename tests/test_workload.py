@@ -6,7 +6,7 @@ from sandbox.workload import DATA, load_quality, load_workload, split_prompts
 
 
 PROFILES = ["challenge", "challenge-short", "challenge-cpu", "throughput", "throughput-cpu", "smoke"]
-TRAFFIC = ["default-cpu", "default", "chat-cpu", "trace-cpu"]
+TRAFFIC = ["default-cpu", "default", "chat-cpu", "trace-cpu", "conversations-cpu"]
 
 
 @pytest.mark.parametrize("name", PROFILES)
