@@ -59,12 +59,12 @@ def test_lengths_follow_the_distribution_and_the_file_reads_as_traffic(written, 
 
 
 def test_the_same_seed_writes_the_same_bytes_and_another_seed_other_prompts(written, embedded_model, tmp_path):
+    from agent.synthetic import Shape, write
+
     out, _ = written
     again, other = tmp_path / "again.jsonl", tmp_path / "other.jsonl"
-    common = ["--model", str(embedded_model), "--input-len", "96", "--output-len", "40", "--range-ratio", "0.5",
-              "--num-prompts", "60", "--temperature", "0.8"]
-    assert _write(again, *common, "--seed", "7").returncode == 0
-    assert _write(other, *common, "--seed", "8").returncode == 0
+    write(Shape(96, 40, 0.5, 60, 7, True, 0.8), str(embedded_model), again)   # in this process, not the CLI's
+    write(Shape(96, 40, 0.5, 60, 8, True, 0.8), str(embedded_model), other)
     assert again.read_bytes() == out.read_bytes()
     assert other.read_text().splitlines()[0] != out.read_text().splitlines()[0]
 
