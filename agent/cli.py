@@ -823,6 +823,8 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
             f"KL up to {cal['kl_bound']:.4f} ({cal['reason']})")
     if cal.get("aa"):
         say(f"  {cal['aa']}")
+    if cal.get("plan"):
+        say(f"  {budget.plan_line(cal['plan'])}")
     say(f"  {len(trials)} trials: {by('status')}; sources: {by('source')}")
     cheap = [t for t in trials if t.decision in ("pruned", "speed-only") or t.failed_phase == "preflight"
              or (t.failure_message or "").startswith("contains learned rule")]

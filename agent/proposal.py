@@ -45,7 +45,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "heldout_interval": trial.heldout_interval, "heldout_instances": trial.heldout_instances,
         "search_interval": trial.search_interval, "noise_log_sd": run.noise, "noise_df": run.noise_df,
         "greedy_rule": trial.rule, "flips": trial.flips, "calibration": {k: v for k, v in (run.calibration or {}).items()
-                                                                          if k != "engine_defaults"},
+                                                                          if k not in ("engine_defaults", "plan")},
         "ppl": trial.ppl, "ppl_change": trial.ppl_change, "baseline_ppl": run.baseline_ppl,
         "greedy_agreement": trial.agreement, "lossless": trial.lossless,
         "ttft_ms": measured.get("ttft_ms"), "itl_ms": measured.get("itl_ms"),
