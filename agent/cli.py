@@ -122,16 +122,9 @@ def traffic_random(
         shape.check()
     except ValueError as e:
         raise fail(str(e)) from None
-    if model == "embedded":
-        model = str(embedded.prepare(say=lambda s: console.print(f"  {s}")))
-    elif hub.is_hub_id(model) and not Path(model).is_dir():
-        try:
-            model = hub.fetch(model, say=console.print).path
-        except hub.ModelUnavailable as e:
-            raise fail(f"--model: {e}") from None
-    elif not Path(model).is_dir():
+    if model != "embedded" and not Path(model).is_dir() and not hub.is_hub_id(model):
         raise fail(f"--model: {model!r} is neither a folder nor a Hugging Face id like org/name")
-    written = synthetic.write(shape, model, out)
+    written = synthetic.write(shape, served_model(*_ready(model)), out)
     lengths = sorted(b["max_tokens"] for b in written)
     console.print(f"wrote {out}: {len(written)} requests, output {lengths[0]}-{lengths[-1]} tokens "
                   f"(mean {sum(lengths) / len(lengths):.0f}), prompts about {input_len} tokens "
@@ -317,17 +310,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
     except gitops.RepoError as e:
         raise fail(f"--repo: {e}") from None
     model_given = model
-    if model == "embedded":
-        if not embedded.is_ready(embedded.default_dir()):
-            console.print("preparing the embedded model (once; about 2 minutes)...")
-        model = str(embedded.prepare(say=lambda s: console.print(f"  {s}")))
-    revision = None
-    if hub.is_hub_id(model):
-        try:
-            revision = hub.fetch(model, say=console.print).revision
-        except hub.ModelUnavailable as e:
-            raise fail(f"--model: {e}") from None
-        console.print(f"  {model} at {revision}")
+    model, revision = _ready(model)
     if draft_model:
         from agent import drafts
 
@@ -408,6 +391,23 @@ def _arrivals(meter, settings: dict):
             message = message.replace(name, "--" + name.replace("_", "-"))
         raise TrafficError(message) from None
     return meter
+
+
+def _ready(model: str) -> tuple[str, str | None]:
+    """The model made available here: the embedded one prepared (its folder), a Hub id fetched once
+    (the id and the commit it resolved to), a folder as given."""
+    if model == "embedded":
+        if not embedded.is_ready(embedded.default_dir()):
+            console.print("preparing the embedded model (once; about 2 minutes)...")
+        return str(embedded.prepare(say=lambda s: console.print(f"  {s}"))), None
+    if not hub.is_hub_id(model):
+        return model, None
+    try:
+        revision = hub.fetch(model, say=console.print).revision
+    except hub.ModelUnavailable as e:
+        raise fail(f"--model: {e}") from None
+    console.print(f"  {model} at {revision}")
+    return model, revision
 
 
 def served_model(model: str, revision: str | None) -> str:
