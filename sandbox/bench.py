@@ -1,18 +1,21 @@
 """The meter: run a workload through the OpenAI-compatible API and measure it.
 
 TPS = output tokens of the measured requests / wall time of the measured phase. Warm-up requests
-run first and are never counted. Token counts come from the server's usage record; TTFT and
-inter-token latency come from the arrival times of streamed chunks.
+run first and are never counted. Each request goes through vLLM's own request function, the one
+`vllm bench serve` uses: token counts from the server's usage record, TTFT and inter-token
+latency from the arrival of streamed chunks, as it reads them. This module holds what that
+function leaves to its caller: pacing (a concurrency cap, open-loop arrivals, a conversation's
+turns in order), the pruner and the phase's figures (docs/meter-vs-vllm-bench.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from urllib.parse import urlsplit
 
 from sandbox.traffic import ENDPOINTS, Request, keys_hash
 from sandbox.workload import Workload
@@ -28,6 +31,7 @@ class RequestResult:
     error: str | None = None
     finish: str | None = None      # eos, stop (a stop string or token), length, or the server's word
     exact_tokens: int | None = None  # with ignore_eos: the count it must return
+    bad_answer: bool = False         # 200 OK, but not a stream of the API's chunks (bad output, not a refusal)
 
 
 @dataclass
@@ -62,164 +66,128 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
             "mean": round(statistics.fmean(ordered) * scale, 2)}
 
 
-class _Connections:
-    """Keep-alive HTTP/1.1 connections to one server, for the streamed completions.
-
-    The meter's client shares the host with the server it measures: on a 2-core machine the CPU
-    it spends per streamed chunk is taken from the engine, and a heavier client reads a slower
-    server. httpx's streaming (its transport layers, not the SSE parsing) cost 0.15 s of client
-    CPU per challenge-cpu phase (256 chunks); this plain asyncio reader costs 0.06 s, and
-    `vllm bench serve` (aiohttp) 0.09 s. With httpx the meter read 3% below `vllm bench serve`
-    on the same server; with this reader it agrees (docs/meter-vs-vllm-bench.md).
-    """
-
-    def __init__(self, base_url: str, connect_timeout_s: float):
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"unsupported server URL {base_url!r}")
-        self.host, self.ssl = parts.hostname, parts.scheme == "https"
-        self.port = parts.port or (443 if self.ssl else 80)
-        self.authority = parts.netloc.encode()
-        self.prefix = parts.path.rstrip("/")
-        self.connect_timeout_s = connect_timeout_s
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-
-    async def get(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        while self.idle:
-            reader, writer = self.idle.pop()
-            if not reader.at_eof() and not writer.is_closing():
-                return reader, writer
-            writer.close()
-        return await asyncio.wait_for(asyncio.open_connection(self.host, self.port, ssl=self.ssl or None,
-                                                              limit=2 ** 20), self.connect_timeout_s)
-
-    def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
-        self.idle.append(conn)
-
-    def close(self) -> None:
-        for _, writer in self.idle:
-            writer.close()
-        self.idle.clear()
+def _vllm_requests():
+    """vLLM's own request functions (vllm/benchmarks/lib/endpoint_request_func.py): what `vllm bench
+    serve` sends and how it times TTFT, inter-token gaps and latency. Imported when a phase starts,
+    since importing vllm takes seconds; the harness runs in the engine's environment, so it is there."""
+    from vllm.benchmarks.lib import endpoint_request_func
+    return endpoint_request_func
 
 
-class _Response:
-    """One HTTP/1.1 response read from a stream: status, headers, then the body in pieces."""
-
-    def __init__(self, reader: asyncio.StreamReader):
-        self.reader = reader
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        self.complete = False  # the body was read to its end and the connection may be reused
-
-    async def read_head(self) -> None:
-        status_line = await self.reader.readline()
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
-            raise ValueError(f"not an HTTP response: {status_line[:80]!r}")
-        self.status = int(parts[1])
-        self.http10 = parts[0] == b"HTTP/1.0"
-        while True:
-            line = await self.reader.readline()
-            if not line.endswith(b"\n"):
-                raise asyncio.IncompleteReadError(line, None)
-            if line in (b"\r\n", b"\n"):
-                break
-            name, _, value = line.decode("latin-1").partition(":")
-            self.headers[name.strip().lower()] = value.strip()
-
-    async def pieces(self):
-        """The body as it arrives: chunked, Content-Length or until the server closes."""
-        if "chunked" in self.headers.get("transfer-encoding", "").lower():
-            while True:
-                size = int((await self.reader.readline()).split(b";", 1)[0].strip() or b"x", 16)
-                if size == 0:
-                    while (await self.reader.readline()) not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    break
-                data = await self.reader.readexactly(size)
-                await self.reader.readexactly(2)  # CRLF after each chunk
-                yield data
-        elif "content-length" in self.headers:
-            left = int(self.headers["content-length"])
-            while left > 0:
-                data = await self.reader.read(min(left, 2 ** 16))
-                if not data:
-                    raise asyncio.IncompleteReadError(b"", left)
-                left -= len(data)
-                yield data
-        else:
-            while data := await self.reader.read(2 ** 16):
-                yield data
-            return
-        self.complete = not self.http10 and self.headers.get("connection", "").lower() != "close"
-
-    async def read_all(self) -> bytes:
-        return b"".join([piece async for piece in self.pieces()])
+def _session(concurrency: int):
+    """An aiohttp session set up as `vllm bench serve` sets its own (vllm/benchmarks/serve.py)."""
+    import aiohttp
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, ttl_dns_cache=300,
+                                     use_dns_cache=True, keepalive_timeout=60, enable_cleanup_closed=True,
+                                     force_close=False)
+    return aiohttp.ClientSession(connector=connector, trust_env=False,
+                                 timeout=aiohttp.ClientTimeout(total=6 * 60 * 60, sock_connect=10))
 
 
-async def one_request(pool: _Connections, path: str, body: dict, arrived: float | None = None) -> RequestResult:
-    """One streamed completion: TTFT and inter-token gaps from chunk arrival, tokens from usage.
-    arrived (open loop): when the request arrived, so time it waited for a free slot counts."""
-    start = time.perf_counter() if arrived is None else arrived
-    last = None
-    result = RequestResult(ok=False)
-    payload = json.dumps(body).encode()
-    conn = None
-    reuse = False
-    try:
-        conn = await pool.get()
-        reader, writer = conn
-        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                     b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
-                     % ((pool.prefix + path).encode(), pool.authority, len(payload), payload))
-        await writer.drain()
-        response = _Response(reader)
-        await response.read_head()
-        if response.status != 200:
-            text = (await response.read_all()).decode(errors="replace")
-            result.error = f"HTTP {response.status}: {text[:300]}"
-            reuse = response.complete
-            return result
-        buffer = b""
-        done = False
-        async for piece in response.pieces():
-            now = time.perf_counter()
-            buffer += piece
-            *lines, buffer = buffer.split(b"\n")
-            for raw in lines:
-                if done or not raw.startswith(b"data: "):
+_MARK = re.compile(rb'"finish_reason":\s*"|"error"\s*:')
+
+
+class _Tap:
+    """The session as vLLM's request function sees it, keeping what that function drops: the status
+    and body of a refused request, how the stream ended (finish_reason, stop_reason) and an error
+    sent in the stream. It reads the same bytes as they pass and parses only the lines that carry
+    those words (one per request), so the function's timing is left as it is."""
+
+    def __init__(self, session):
+        self.session = session
+        self.status: int | None = None
+        self.refusal = ""
+        self.finish: str | None = None
+        self.stream_error: str | None = None
+        self.rest = b""
+
+    def post(self, **kwargs):
+        return _Tapped(self, self.session.post(**kwargs))
+
+    def see(self, data: bytes) -> None:
+        *lines, self.rest = (self.rest + data).split(b"\n")
+        for line in lines:
+            if line.startswith(b"data: {") and _MARK.search(line):
+                try:
+                    chunk = json.loads(line[6:])
+                except json.JSONDecodeError:
                     continue
-                data = raw[6:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    continue
-                chunk = json.loads(data)
                 if "error" in chunk:
-                    result.error = f"stream error: {str(chunk['error'])[:300]}"
-                    return result
-                choice = (chunk.get("choices") or [{}])[0]
-                if choice.get("finish_reason"):
-                    result.finish = _finish(choice)
-                if choice.get("text") or (choice.get("delta") or {}).get("content"):
-                    if result.ttft_s is None:
-                        result.ttft_s = now - start
-                    else:
-                        result.itl_s.append(now - last)
-                    last = now
-                if chunk.get("usage"):
-                    result.output_tokens = int(chunk["usage"]["completion_tokens"])
-        reuse = response.complete
-        result.ok = True
-    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
-            json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        result.error = f"{type(e).__name__}: {str(e)[:300]}"
-    finally:
-        result.latency_s = time.perf_counter() - start
-        if conn is not None:
-            if reuse:
-                pool.put(conn)
-            else:
-                conn[1].close()
+                    self.stream_error = f"stream error: {str(chunk['error'])[:300]}"
+                for choice in chunk.get("choices") or []:
+                    if choice.get("finish_reason"):
+                        self.finish = _finish(choice)
+
+
+class _Tapped:
+    def __init__(self, tap: _Tap, request):
+        self.tap, self.request = tap, request
+
+    async def __aenter__(self):
+        response = await self.request.__aenter__()
+        self.tap.status = response.status
+        if response.status != 200:
+            self.tap.refusal = (await response.text(errors="replace"))[:300]
+        return _TappedResponse(self.tap, response)
+
+    async def __aexit__(self, *exc):
+        return await self.request.__aexit__(*exc)
+
+
+class _TappedResponse:
+    def __init__(self, tap: _Tap, response):
+        self.tap, self.response = tap, response
+        self.status, self.reason, self.content = response.status, response.reason, self
+
+    async def iter_any(self):
+        async for data in self.response.content.iter_any():
+            self.tap.see(data)
+            yield data
+
+
+def _func_input(api_url: str, model: str, request: Request):
+    """The request as vLLM's RequestFuncInput: its prompt or messages and output bound where that
+    function puts them, every other field of the user's body as extra_body (sent as given)."""
+    erf = _vllm_requests()
+    body = dict(request.body)
+    chat = request.endpoint == "chat"
+    messages = body.pop("messages", None) if chat else None
+    prompt = "" if chat else body.pop("prompt")
+    output_len = request.max_tokens
+    body.pop("max_completion_tokens" if chat else "max_tokens", None)
+    if chat:
+        body.pop("max_tokens", None)   # the function sends max_completion_tokens, which vLLM takes first
+    return erf.RequestFuncInput(prompt=prompt, api_url=api_url, prompt_len=0, output_len=output_len,
+                                model=model, ignore_eos=bool(body.get("ignore_eos")), extra_body=body or None,
+                                chat_messages=messages)
+
+
+async def one_request(session, base_url: str, model: str, request: Request,
+                      arrived: float | None = None) -> RequestResult:
+    """One streamed request through vLLM's request function (the completions or chat one): TTFT,
+    inter-token gaps, latency and tokens (the server's usage record) as `vllm bench serve` reads them.
+    arrived (open loop): when the request arrived, so time it waited for a free slot counts."""
+    erf = _vllm_requests()
+    send = (erf.async_request_openai_chat_completions if request.endpoint == "chat"
+            else erf.async_request_openai_completions)
+    tap = _Tap(session)
+    sent = time.perf_counter()
+    output = await send(_func_input(base_url.rstrip("/") + ENDPOINTS[request.endpoint], model, request), tap)
+    waited = 0.0 if arrived is None else (output.start_time or sent) - arrived
+    result = RequestResult(ok=output.success and tap.stream_error is None, finish=tap.finish)
+    result.latency_s = (output.latency if output.success else time.perf_counter() - sent) + waited
+    if result.ok:
+        result.output_tokens = int(output.output_tokens or 0)
+        result.ttft_s = output.ttft + waited
+        result.itl_s = list(output.itl)
+    elif tap.stream_error:
+        result.error = tap.stream_error
+    elif tap.status not in (None, 200):
+        result.error = f"HTTP {tap.status}: {tap.refusal or output.error}"
+    else:   # a traceback (its last line names the exception), or a 200 with no chunk it could read
+        result.bad_answer = tap.status == 200
+        result.error = (("bad answer: " if result.bad_answer else "") +
+                        (output.error.strip().splitlines() or ["no answer"])[-1])[:300]
     return result
 
 
@@ -229,11 +197,6 @@ def _finish(choice: dict) -> str:
     if reason == "stop":
         return "stop" if choice.get("stop_reason") is not None else "eos"
     return reason
-
-
-def request_body(model: str, request: Request) -> dict:
-    """What is sent: the request as the user wrote it, streamed, with usage in the last chunk."""
-    return {**request.body, "model": model, "stream": True, "stream_options": {"include_usage": True}}
 
 
 @dataclass
@@ -279,7 +242,6 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
     finished ones are returned. A conversation's turn is sent only once the turn before it in these
     requests has been answered (open loop: at its arrival time or then, whichever is later)."""
     gate = asyncio.Semaphore(concurrency)
-    pool = _Connections(base_url, connect_timeout_s=10.0)
     done: list[RequestResult] = []
     stop = asyncio.Event()
     answered = [asyncio.Event() for _ in requests]
@@ -296,7 +258,7 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
             async with gate:
                 if stop.is_set():
                     return None
-                result = await one_request(pool, ENDPOINTS[request.endpoint], request_body(model, request), arrival)
+                result = await one_request(session, base_url, model, request, arrival)
                 result.exact_tokens = request.max_tokens if request.body.get("ignore_eos") else None
                 done.append(result)
                 if pruner and pruner.hopeless(done, time.perf_counter() - start):
@@ -305,6 +267,7 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
         finally:
             answered[i].set()
 
+    session = _session(concurrency)
     try:
         start = time.perf_counter()
         times = offsets if offsets is not None else [None] * len(requests)
@@ -312,7 +275,7 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
             asyncio.gather(*(bounded(i, r, at) for i, (r, at) in enumerate(zip(requests, times)))), timeout_s)
         return [r for r in results if r is not None], time.perf_counter() - start
     finally:
-        pool.close()
+        await session.close()
 
 
 def previous_turns(requests: list[Request]) -> list[int | None]:

@@ -186,8 +186,9 @@ class TrialRun:
             warm, _ = asyncio.run(bench.run_requests(self.server.base_url, self.server.model_name, workload.warmups(),
                                                      workload.concurrency, self.spec.deadlines.warmup_s))
         self.server.fail_if_dead(self.phase)
-        if any(not r.ok for r in warm):
-            raise TrialFailure("request_errors", f"warm-up request failed: {next(r.error for r in warm if not r.ok)}")
+        if failed := [r for r in warm if not r.ok]:
+            raise TrialFailure("bad_output" if all(r.bad_answer for r in failed) else "request_errors",
+                               f"warm-up request failed: {failed[0].error}")
         self.lap("warmup")
 
     def benchmark(self) -> None:

@@ -1,32 +1,34 @@
 """The agent's meter against vLLM's own `vllm bench serve`, interleaved on one server.
 
-    .venv/bin/python scripts/meter_vs_vllm_bench.py --pairs 8 --arms agent,vllm,v1
+    .venv/bin/python scripts/meter_vs_vllm_bench.py --pairs 8 --arms agent,vllm,old
+    .venv/bin/python scripts/meter_vs_vllm_bench.py --pairs 8 --sampled 1.0
 
-Starts ONE vLLM server with the CPU space's fixed flags and environment
+Starts ONE vLLM server (or measures one already running, --url) with the CPU space's fixed flags and environment
 (search_space/vllm-cpu.yaml: max-model-len 2048, VLLM_CPU_KVCACHE_SPACE=2,
 VLLM_USE_AOT_COMPILE=0), warms it up once with the workload's warm-up prompts, then runs N
 interleaved rounds. Each round measures every arm once, the order rotating from round to round
 so that drift hits all arms alike:
 
 - `agent`: the agent's meter exactly as a trial runs it, `sandbox.worker._measure` (the
-  measured phase of `sandbox.bench.run_requests` with the metrics sampler beside it);
+  measured phase of `sandbox.bench.run_requests`, each request through vLLM's own request
+  function, with the metrics sampler beside it);
 - `vllm`: `vllm bench serve` as a subprocess on the same prompts (a custom-dataset JSONL of the
   workload's prompts, in order, no chat template), the same output length, `--ignore-eos`,
   `--temperature 0`, `--max-concurrency` = the workload's concurrency, request rate inf, no
   warm-ups (the server is warm); its figures are read from `--save-result` JSON;
 - `bare` (experiment): `sandbox.bench.run_requests` without the metrics sampler;
-- `v1` (experiment): the agent's meter with sandbox/bench.py as committed at `--rev` (default aa1c0fb,
-  the last httpx meter, meter_version 1);
+- `old` (experiment): the agent's meter with sandbox/bench.py as committed at `--rev` (default
+  5d132f0, the plain asyncio reader of meter_version 3; aa1c0fb is the httpx meter of version 1);
 - `deferred` (experiment): the agent's meter with the sampler's parsing moved after the phase.
 
 What each meter counts (the definitions, from the code):
 
 - agent (sandbox/bench.py, sandbox/worker.py): TPS = sum over successful requests of the
-  server's `usage.completion_tokens` (from the last data chunk of each stream) / wall time of
-  the measured phase, from just before the first request is handed to the event loop until the
-  last request's stream has ended (its [DONE] and the end of the HTTP body). The request bodies
-  and the connection pool are built before the clock starts. During the phase the metrics
-  sampler (sandbox/metrics.py) GETs /metrics every second and parses it in the same process.
+  server's `usage.completion_tokens` (read by vLLM's request function from each stream's usage
+  chunk) / wall time of the measured phase, from just before the first request is handed to the
+  event loop until the last request's stream has ended. The aiohttp session is opened before
+  the clock starts. During the phase the metrics sampler (sandbox/metrics.py) GETs /metrics
+  every second and parses it in the same process.
 - vllm (vllm/benchmarks/serve.py, 0.32.0): output_throughput = sum over successful requests of
   `usage.completion_tokens` (client tokenizer only if the server sent no usage) /
   benchmark_duration, which runs from just before the first request task is created until
@@ -87,8 +89,10 @@ def load_data(self):
 datasets.CustomDataset.load_data = load_data
 cpu_out, server_pid = sys.argv.pop(1), int(sys.argv.pop(1))
 def server_cpu():
-    root = psutil.Process(server_pid)
     out = {"api_server": 0.0, "engine": 0.0}
+    if not server_pid:
+        return out
+    root = psutil.Process(server_pid)
     for p in [root, *root.children(recursive=True)]:
         t = p.cpu_times()
         out["api_server" if p.pid == server_pid else "engine"] += t.user + t.system
@@ -114,6 +118,31 @@ serve.main(p.parse_args())
 """
 
 
+SAMPLED_SEED = 0
+
+
+class Attached:
+    """A server already running (--url): measured as it is, never started or stopped here."""
+    proc = None
+
+    def __init__(self, url: str, model: str):
+        self.base_url, self.model_name = url.rstrip("/"), model
+
+    def start(self) -> None:
+        pass
+
+    def wait_ready(self, timeout_s: float) -> None:
+        import httpx
+        self.model_name = httpx.get(f"{self.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+    def fail_if_dead(self, phase: str) -> None:
+        pass
+
+    def stop(self):
+        from types import SimpleNamespace
+        return SimpleNamespace(leftover_pids=[], port_free=None)
+
+
 def fixed_flags_env(space_path: Path) -> tuple[list[str], dict[str, str]]:
     raw = yaml.safe_load(space_path.read_text())
     fixed = raw.get("fixed") or {}
@@ -126,6 +155,8 @@ def fixed_flags_env(space_path: Path) -> tuple[list[str], dict[str, str]]:
 def server_cpu(server: Server) -> dict[str, float]:
     """CPU seconds so far of the server's processes: the API server (root) and the rest."""
     out = {"api_server": 0.0, "engine": 0.0}
+    if server.proc is None:   # --url: a server this script did not start
+        return out
     try:
         root = psutil.Process(server.proc.pid)
         procs = [root, *root.children(recursive=True)]
@@ -194,20 +225,19 @@ class DeferredSampler(metrics.Sampler):
                     series.append(value)
 
 
-def run_agent(server: Server, workload, timeout_s: float, sampler: bool, meter=None,
+def run_agent(server: Server, workload, requests: list, timeout_s: float, sampler: bool, meter=None,
               sampler_class=None) -> dict:
     """The agent's meter through sandbox.worker._measure (sampler=True) or run_requests alone;
-    meter swaps the bench module (the committed one for arm v1), sampler_class the sampler."""
+    meter swaps the bench module (the committed one for arm old), sampler_class the sampler."""
     cpu0, srv0, host0 = own_cpu(), server_cpu(server), host_busy()
     if sampler:
         saved = worker.bench, metrics.Sampler
         worker.bench, metrics.Sampler = meter or bench, sampler_class or saved[1]
         try:
-            result, explained = asyncio.run(worker._measure(server, workload, workload.measured(0), timeout_s))
+            result, explained = asyncio.run(worker._measure(server, workload, requests, timeout_s))
         finally:
             worker.bench, metrics.Sampler = saved
     else:
-        requests = workload.measured(0)
         results, wall = asyncio.run(bench.run_requests(server.base_url, server.model_name, requests,
                                                        workload.concurrency, timeout_s))
         result, explained = bench.summarize(results, wall, requests), None
@@ -224,16 +254,16 @@ def run_agent(server: Server, workload, timeout_s: float, sampler: bool, meter=N
 def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, timeout_s: float) -> dict:
     name = f"vllm-{tag}.json"
     cpu_file = out_dir / f"vllm-{tag}.cpu.json"
-    argv = [sys.executable, "-c", BENCH_WRAPPER, str(cpu_file), str(server.proc.pid),
+    argv = [sys.executable, "-c", BENCH_WRAPPER, str(cpu_file), str(server.proc.pid if server.proc else 0),
             "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", server.base_url,
-            "--model", server.model_name, "--tokenizer", server.model_name,
+            "--model", server.model_name, "--tokenizer", server.tokenizer,
             "--dataset-name", "custom", "--dataset-path", str(jsonl), "--skip-chat-template",
             "--disable-shuffle", "--custom-output-len", str(workload.max_tokens),
             "--num-prompts", str(workload.num_prompts), "--max-concurrency", str(workload.concurrency),
             "--request-rate", "inf", "--num-warmups", "0", "--temperature", str(workload.temperature),
-            # Sampled: the agent's meter sends each request with its own seed (sandbox.traffic.seeded), so
-            # vLLM's requests are seeded too (one seed for all; the sampler's path is what costs, not the value).
-            *(["--extra-body", json.dumps({"seed": 0})] if workload.temperature else []),
+            # Sampled: one seed for every request, as the agent's arms send them here (main), so both
+            # meters send the same requests and read the same answers.
+            *(["--extra-body", json.dumps({"seed": SAMPLED_SEED})] if workload.temperature else []),
             *(["--ignore-eos"] if workload.ignore_eos else []), "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(out_dir), "--result-filename", name]
     with open(out_dir / f"vllm-{tag}.log", "wb") as log:
@@ -269,10 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--arms", default="agent,vllm",
-                        help="comma-separated: agent, bare, vllm; v1 (the committed meter at --rev) and "
+                        help="comma-separated: agent, bare, vllm; old (the committed meter at --rev) and "
                              "deferred (metrics parsed after the phase) are experiments")
-    parser.add_argument("--rev", default="aa1c0fb", help="the commit whose sandbox/bench.py arm v1 runs "
-                        "(default: the last one with the httpx meter, meter_version 1)")
+    parser.add_argument("--rev", default="5d132f0", help="the commit whose sandbox/bench.py arm old runs "
+                        "(default: the last one with the asyncio reader, meter_version 3; aa1c0fb: httpx)")
+    parser.add_argument("--url", help="measure this running server instead of starting one (its CPU is not "
+                                      "counted); --model is then its tokenizer's folder")
     parser.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
     parser.add_argument("--workload", default="challenge-cpu")
     parser.add_argument("--space", type=Path, default=ROOT / "search_space" / "vllm-cpu.yaml")
@@ -283,9 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                              "ignore_eos (vllm bench serve: --temperature T --extra-body '{\"seed\": 0}')")
     args = parser.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if not set(arms) <= {"agent", "bare", "vllm", "v1", "deferred"} or "vllm" not in arms or len(arms) < 2:
-        parser.error("--arms: two or more of agent, bare, vllm, v1, deferred, vllm included")
-    v1 = committed_bench(args.rev) if "v1" in arms else None
+    if not set(arms) <= {"agent", "bare", "vllm", "old", "deferred"} or "vllm" not in arms or len(arms) < 2:
+        parser.error("--arms: two or more of agent, bare, vllm, old, deferred, vllm included")
+    old = committed_bench(args.rev) if "old" in arms else None
 
     workload = load_workload(args.workload)
     if workload.traffic:   # vllm bench serve's custom dataset takes one length and one sampling for all
@@ -299,7 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     jsonl = out / "prompts.jsonl"
     jsonl.write_text("".join(json.dumps({"prompt": r.body["prompt"]}) + "\n" for r in workload.measured(0)))
     flags, env = fixed_flags_env(args.space)
-    server = Server(args.model, flags, env, out / "server.log")
+    server = Attached(args.url, args.model) if args.url else Server(args.model, flags, env, out / "server.log")
+    server.tokenizer = args.model
+    requests = workload.measured(0)
+    if args.sampled is not None:
+        requests = [replace(r, body={**r.body, "seed": SAMPLED_SEED}) for r in requests]
 
     def stop_on_signal(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -313,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         server.start()
         server.wait_ready(args.start_timeout)
-        print(f"server ready in {time.monotonic() - t0:.0f} s (pid {server.proc.pid}, port {server.port})", flush=True)
+        print(f"server ready in {time.monotonic() - t0:.0f} s ({server.base_url})", flush=True)
         warm, _ = asyncio.run(bench.run_requests(server.base_url, server.model_name, workload.warmups(),
                                                  workload.concurrency, 300))
         if any(not r.ok for r in warm):
@@ -326,12 +362,13 @@ def main(argv: list[str] | None = None) -> int:
                 server.fail_if_dead(f"round {i + 1}")
                 if arm == "vllm":
                     row[arm] = run_vllm(server, workload, jsonl, out, f"{i + 1}", timeout_s + 120)
-                elif arm == "v1":
-                    row[arm] = run_agent(server, workload, timeout_s, sampler=True, meter=v1)
+                elif arm == "old":
+                    row[arm] = run_agent(server, workload, requests, timeout_s, sampler=True, meter=old)
                 elif arm == "deferred":
-                    row[arm] = run_agent(server, workload, timeout_s, sampler=True, sampler_class=DeferredSampler)
+                    row[arm] = run_agent(server, workload, requests, timeout_s, sampler=True,
+                                         sampler_class=DeferredSampler)
                 else:
-                    row[arm] = run_agent(server, workload, timeout_s, sampler=(arm == "agent"))
+                    row[arm] = run_agent(server, workload, requests, timeout_s, sampler=(arm == "agent"))
                 m = row[arm]
                 if m["errors"] or m["short"] or (workload.ignore_eos and
                                                  m["tokens"] != workload.num_prompts * workload.max_tokens):

@@ -1,8 +1,8 @@
 """A stand-in for the vLLM server at the process seam, for fast tests of the worker's plumbing.
 
 It speaks the few endpoints the worker uses, with deterministic answers, and misbehaves on
-request (FAKE_MODE): exit at start, hang at start, answer with errors, NaN logprobs or short
-outputs, spawn a child that leaves the process group. The real-engine tests use real vLLM.
+request (FAKE_MODE): exit at start, hang at start, answer with errors (or an error in the
+stream), NaN logprobs or short outputs, spawn a child that leaves the process group. The real-engine tests use real vLLM.
     python tests/fake_server.py --model M --host H --port P [ignored vLLM flags...]
 """
 
@@ -103,6 +103,11 @@ class Handler(BaseHTTPRequestHandler):
                           **({"finish_reason": "length"} if i == n - 1 else {})}
                 self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
                 self.wfile.flush()
+                if MODE == "stream_error":   # the engine fails mid-answer: vLLM sends an error chunk and ends
+                    error = {"error": {"message": "fake engine died", "code": 500}}
+                    self.wfile.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+                    self.wfile.flush()
+                    return
         usage = {"choices": [], "usage": {"completion_tokens": n, "prompt_tokens": 5}}
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         self.wfile.flush()
