@@ -111,13 +111,18 @@ def traffic_random(
     seed: int = typer.Option(0, help="The draw's seed: the same seed, model and lengths write the same file."),
     ignore_eos: bool = typer.Option(True, help="Generate each output to its drawn length (random prompts end anywhere)."),
     temperature: float = typer.Option(None, help="Sampling temperature (default: the server's, as vllm bench serve)."),
+    rate: float = typer.Option(None, help="Write a trace: each request a timestamp, this many requests/s on average "
+                                          "(for --arrivals trace)."),
+    burstiness: float = typer.Option(1.0, help="With --rate: the gaps' gamma shape, 1 Poisson, below 1 burstier "
+                                               "(vllm bench serve --burstiness)."),
     model: str = typer.Option("embedded", help="Model folder whose tokenizer counts the lengths; 'embedded' is Gemma 3 270M."),
 ) -> None:
     """Write a synthetic traffic file from prompt and output length distributions, drawn by vLLM's
     random dataset: for `agent run --traffic FILE` until real traffic exists (docs/traffic.md)."""
     from agent import synthetic
 
-    shape = synthetic.Shape(input_len, output_len, range_ratio, num_prompts, seed, ignore_eos, temperature)
+    shape = synthetic.Shape(input_len, output_len, range_ratio, num_prompts, seed, ignore_eos, temperature,
+                            rate, burstiness)
     try:
         shape.check()
     except ValueError as e:
@@ -128,7 +133,9 @@ def traffic_random(
     lengths = sorted(b["max_tokens"] for b in written)
     console.print(f"wrote {out}: {len(written)} requests, output {lengths[0]}-{lengths[-1]} tokens "
                   f"(mean {sum(lengths) / len(lengths):.0f}), prompts about {input_len} tokens "
-                  f"(range ratio {range_ratio}), seed {seed}", highlight=False)
+                  f"(range ratio {range_ratio}), seed {seed}"
+                  + (f"; timestamps over {written[-1]['timestamp']:.0f} s ({rate:g} requests/s, burstiness "
+                     f"{burstiness:g})" if rate else ""), highlight=False)
 
 
 @app.command()
@@ -216,6 +223,9 @@ def run(
                                              "goodput (the highest request rate whose p99 SLOs hold; open-loop "
                                              "arrivals and at least one --slo-*)."),
     repeats: int = typer.Option(S.repeats, min=1, max=20, help="Measured repeats per server instance."),
+    num_prompts: int = typer.Option(None, min=1, max=100_000, help="Requests in a measured phase, or in a goodput "
+                                                                  "rate point (default: the workload's; a sound "
+                                                                  "point wants tens on a CPU, 100 for a true p99)."),
     seed: int = typer.Option(S.seed, help="Sampler seed."),
     sampler_per_planner: int = typer.Option(S.sampler_per_planner, min=0, max=100,
                                             help="Sampler trials between two planner trials."),
@@ -281,6 +291,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
     workload = workload or ("default" if gpu else "default-cpu")
     try:
         meter = load_workload(workload)
+        meter = replace(meter, num_prompts=settings["num_prompts"] or meter.num_prompts)
     except ValueError as e:
         raise fail(f"--workload: {e}") from None
     if multi_turn and not traffic:

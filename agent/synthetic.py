@@ -9,7 +9,8 @@ bodies, one a line), so a night reads, hashes, splits and measures it as it woul
 A synthetic file says how long requests are, not what they say: random tokens give a speculator
 nothing to look up and a prefix cache nothing to share, so configs that win on real text (n-gram
 speculation, prefix caching) are judged here by their cost alone. Replace it with real traffic as
-soon as there is some (docs/traffic.md: capturing it).
+soon as there is some (docs/traffic.md: capturing it). With a rate, each request also gets a
+`timestamp` (gamma gaps, seeded, as `vllm bench serve` draws them): a trace for `--arrivals trace`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Shape:
     seed: int = 0
     ignore_eos: bool = True    # the output lengths as drawn (random prompts end anywhere otherwise)
     temperature: float | None = None   # None: the server's default, as vllm bench serve sends it
+    rate: float | None = None  # requests/s: each request gets a timestamp (a trace), gaps as vLLM draws them
+    burstiness: float = 1.0    # the gaps' gamma shape (1: Poisson), as vllm bench serve --burstiness
 
     def check(self) -> None:
         for name in ("input_len", "output_len", "num_prompts"):
@@ -37,6 +40,10 @@ class Shape:
             raise ValueError(f"--range-ratio must be in [0, 1) (got {self.range_ratio})")
         if self.temperature is not None and self.temperature < 0:
             raise ValueError(f"--temperature must not be negative (got {self.temperature})")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"--rate must be above 0 requests/s (got {self.rate})")
+        if not self.burstiness > 0:
+            raise ValueError(f"--burstiness must be above 0 (got {self.burstiness})")
 
 
 def bodies(shape: Shape, model_dir: str) -> list[dict]:
@@ -52,7 +59,13 @@ def bodies(shape: Shape, model_dir: str) -> list[dict]:
     extra = {"ignore_eos": True} if shape.ignore_eos else {}
     if shape.temperature is not None:
         extra["temperature"] = shape.temperature
-    return [{"prompt": r.prompt, "max_tokens": int(r.expected_output_len), **extra} for r in drawn]
+    out = [{"prompt": r.prompt, "max_tokens": int(r.expected_output_len), **extra} for r in drawn]
+    if shape.rate is not None:   # a trace: send times as `vllm bench serve --request-rate --burstiness` draws them
+        from sandbox.arrivals import unit_times
+
+        for body, at in zip(out, unit_times(len(out), shape.burstiness, shape.seed)):
+            body["timestamp"] = round(at / shape.rate, 3)
+    return out
 
 
 def write(shape: Shape, model_dir: str, out: Path) -> list[dict]:

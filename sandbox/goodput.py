@@ -105,7 +105,8 @@ def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tole
             raise Unsustained(f"at {rate:.3g} requests/s the point's {result.requests} requests arrived over "
                               f"{span:.1f} s, less than {SUSTAIN} of their median latencies ({typical:.1f} s): a "
                               f"burst, not a load; measure about {math.ceil(SUSTAIN * typical * rate * 2)} or more "
-                              f"requests a point (num_prompts) and a traffic file with room for them")
+                              f"requests a point (--num-prompts, or num_prompts: in a workload file) and a traffic file "
+                              f"with room for them")
         return points[-1].held
 
     lo, hi, rate = None, None, start

@@ -3,8 +3,8 @@ under the shipped trace's timing, ranked by the highest request rate whose p99 S
 
     .venv/bin/python scripts/goodput_table.py                  # CPU: defaults, core binding
     python3 scripts/goodput_table.py --gpu                     # GPU: defaults, ngram, ngram_gpu with async scheduling
-    python3 scripts/goodput_table.py --gpu --synthetic 100     # and a Poisson profile of 100 requests a point
-                                                               # on a synthetic file (agent traffic random)
+    python3 scripts/goodput_table.py --gpu --synthetic 100     # and Poisson and trace profiles of 100 requests
+                                                               # a point on a synthetic file (agent traffic random)
 
 On each server: the workload's warm-ups, then the goodput search of sandbox.worker.goodput_on on
 each profile (the trial's own code: fresh draws of the search split per rate point, the same seeded
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sandbox import bench, worker  # noqa: E402
+from sandbox.failures import TrialFailure  # noqa: E402
 from sandbox.server import Server  # noqa: E402
 from sandbox.spec import argv_of  # noqa: E402
 from sandbox.workload import DATA, load_workload  # noqa: E402
@@ -39,15 +40,17 @@ TRAFFIC = str(DATA / "traffic" / "default.jsonl")
 CPU = {
     "fixed": ({"max-model-len": 768}, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_USE_AOT_COMPILE": "0"}),
     "configs": {"defaults": ({}, {}), "binding": ({}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"})},
-    # 4 requests a rate point (the worst of 4 stands for the p99, and is named so): a point on 2 cores
-    # takes its 4 requests' span plus about one answer, so a search is minutes, not a quarter hour.
+    # 24 requests a rate point (the worst of 24 stands for the p99, and is named so): on 2 cores a
+    # request takes seconds, and a point must span three of its median latencies to be a load, not a
+    # burst (sandbox.goodput.SUSTAIN); a point costs its requests' span plus about one answer.
     "profiles": {
-        "poisson": {"name": "poisson-cpu", "meter_version": 3, "concurrency": 16, "num_prompts": 4,
+        "poisson": {"name": "poisson-cpu", "meter_version": 4, "concurrency": 64, "num_prompts": 24,
                     "warmup_requests": 1, "prompt_split": "search", "traffic": TRAFFIC,
-                    "arrivals": "rate:0.15,burstiness=1,seed=0", "objective": "goodput",
+                    "arrivals": "rate:0.3,burstiness=1,seed=0", "objective": "goodput",
                     "slo_ttft_p99_ms": 3000.0, "slo_itl_p99_ms": 500.0},
         "trace": {**{k: v for k, v in yaml.safe_load((DATA / "workloads" / "trace-cpu.yaml").read_text()).items()},
-                  "traffic": str(DATA / "traffic" / "trace.jsonl"), "num_prompts": 4, "arrivals": "trace:6"},
+                  "traffic": str(DATA / "traffic" / "trace.jsonl"), "num_prompts": 24, "concurrency": 64,
+                  "arrivals": "trace"},
     },
 }
 GPU = {
@@ -57,13 +60,17 @@ GPU = {
                 "ngram_gpu+async": ({"speculative-config": {**NGRAM, "method": "ngram_gpu"}, "async-scheduling": True},
                                     {})},
     "profiles": {
-        "poisson": {"name": "poisson", "meter_version": 3, "concurrency": 256, "num_prompts": 16,
-                    "warmup_requests": 1, "prompt_split": "search", "traffic": TRAFFIC,
+        "poisson": {"name": "poisson", "meter_version": 4, "concurrency": 256, "num_prompts": 16,
+                    "warmup_requests": 32, "prompt_split": "search", "traffic": TRAFFIC,
                     "arrivals": "rate:8,burstiness=1,seed=0", "objective": "goodput",
                     "slo_ttft_p99_ms": 200.0, "slo_itl_p99_ms": 20.0},
-        "trace": {"name": "trace", "meter_version": 3, "concurrency": 256, "num_prompts": 16,
-                  "warmup_requests": 1, "prompt_split": "search", "traffic": str(DATA / "traffic" / "trace.jsonl"),
-                  "arrivals": "trace", "objective": "goodput", "slo_ttft_p99_ms": 200.0, "slo_itl_p99_ms": 20.0},
+        # The shipped trace's timing 20 times faster (its own pace is 1 request/s, far below an H200's
+        # capacity), 44 requests a point (a point must be a load: sandbox.goodput.SUSTAIN); its 248
+        # requests allow 3 points, so its bounds are a bracket, not a 5% bisection.
+        "trace": {"name": "trace", "meter_version": 4, "concurrency": 256, "num_prompts": 44,
+                  "warmup_requests": 32, "prompt_split": "search", "traffic": str(DATA / "traffic" / "trace.jsonl"),
+                  "arrivals": "trace:0.05", "objective": "goodput", "slo_ttft_p99_ms": 200.0,
+                  "slo_itl_p99_ms": 20.0},
     },
 }
 
@@ -89,8 +96,11 @@ def main() -> int:
                         help="add a Poisson profile of N requests a rate point (a p99 over 100 or more is a p99) "
                              "on a synthetic file of 14 N requests: agent traffic random's lengths, prompts about "
                              "256 tokens, outputs about 128, range ratio 0.5, temperature 0.8")
+    parser.add_argument("--requests", type=int, metavar="N", help="requests a rate point in every profile")
     args = parser.parse_args()
     plan = GPU if args.gpu else CPU
+    if args.requests:
+        plan["profiles"] = {k: {**v, "num_prompts": args.requests} for k, v in plan["profiles"].items()}
     out = ROOT / "runs" / "goodput-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     if args.synthetic:
@@ -101,8 +111,17 @@ def main() -> int:
         poisson = plan["profiles"]["poisson"]
         plan["profiles"]["synthetic"] = {**poisson, "name": f"{poisson['name']}-synthetic", "traffic": str(path),
                                          "num_prompts": args.synthetic}
-    if args.profiles:
-        plan["profiles"] = {k: v for k, v in plan["profiles"].items() if k in args.profiles.split(",")}
+        # The same lengths as a trace: send times drawn with burstiness 0.5 (twice a Poisson process's
+        # spread, the shipped trace's shape) at the Poisson profile's starting rate, replayed at their pace.
+        timed = out / "synthetic-trace.jsonl"
+        start = float(poisson["arrivals"].split(":")[1].split(",")[0])
+        synthetic.write(synthetic.Shape(256, 128, 0.5, 14 * args.synthetic, 0, True, 0.8, rate=start,
+                                        burstiness=0.5), args.model, timed)
+        plan["profiles"]["synthetic-trace"] = {**poisson, "name": f"{poisson['name']}-synthetic-trace",
+                                               "traffic": str(timed), "num_prompts": args.synthetic,
+                                               "arrivals": "trace"}
+    if args.profiles:   # in the order given
+        plan["profiles"] = {k: plan["profiles"][k] for k in args.profiles.split(",") if k in plan["profiles"]}
     fixed_flags, fixed_env = plan["fixed"]
     names = args.configs.split(",") if args.configs else list(plan["configs"])
     profiles = {k: load_workload(v) for k, v in plan["profiles"].items()}
@@ -114,18 +133,25 @@ def main() -> int:
             server.start()
             server.wait_ready(900)
             for profile, workload in profiles.items():
-                row = {"config": name, "profile": profile, "arrivals": workload.arrivals, **measure(server, workload)}
+                row = {"config": name, "profile": profile, "arrivals": workload.arrivals}
+                try:
+                    row.update(measure(server, workload))
+                except TrialFailure as e:   # this profile's search failed (a burst, no rate held): say so, go on
+                    row.update(goodput=None, failure=f"{e.klass}: {e}")
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "detail"}), flush=True)
                 with open(out / "rows.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
         finally:
             server.stop()
-    base = {r["profile"]: r["goodput"] for r in rows if r["config"] == "defaults"}
+    base = {r["profile"]: r["goodput"] for r in rows if r["config"] == "defaults" and r["goodput"]}
     lines = ["| config | profile | goodput req/s | ratio | bounds (held, broke) | converged | points | "
              "TTFT p99 ms | ITL p99 ms | TPOT p99 ms | p99 of |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r["goodput"] is None:
+            lines.append(f"| {r['config']} | {r['profile']} ({r['arrivals']}) | none: {r['failure']} |" + " |" * 8)
+            continue
         ratio = f"{r['goodput'] / base[r['profile']]:.3f}x" if base.get(r["profile"]) else "-"
         lines.append(f"| {r['config']} | {r['profile']} ({r['arrivals']}) | {r['goodput']:.3f} | {ratio} | "
                      f"{r['bounds']} | {r['converged']} | {r['points']} | {r['ttft_p99_ms']} | {r['itl_p99_ms']} | "

@@ -248,10 +248,11 @@ def run_agent(server: Server, workload, requests: list, timeout_s: float, sample
             "latency_sum_s": round(result.latency_ms.get("mean", 0) * result.requests / 1000, 3),
             "client_cpu_s": round(cpu1 - cpu0, 3), "server_cpu_s": delta(srv1, srv0),
             "foreign_cpu_s": round((host1 - host0) - (cpu1 - cpu0) - sum(srv1.values()) + sum(srv0.values()), 3),
-            "metrics_samples": explained.get("samples") if explained else None}
+            "metrics_samples": explained.get("samples") if explained else None, "finish": result.finish}
 
 
-def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, timeout_s: float) -> dict:
+def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, timeout_s: float,
+             stop: list[str] | None = None) -> dict:
     name = f"vllm-{tag}.json"
     cpu_file = out_dir / f"vllm-{tag}.cpu.json"
     argv = [sys.executable, "-c", BENCH_WRAPPER, str(cpu_file), str(server.proc.pid if server.proc else 0),
@@ -263,7 +264,8 @@ def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, tim
             "--request-rate", "inf", "--num-warmups", "0", "--temperature", str(workload.temperature),
             # Sampled: one seed for every request, as the agent's arms send them here (main), so both
             # meters send the same requests and read the same answers.
-            *(["--extra-body", json.dumps({"seed": SAMPLED_SEED})] if workload.temperature else []),
+            *(["--extra-body", json.dumps({"seed": SAMPLED_SEED, **({"stop": stop} if stop else {})})]
+              if workload.temperature else []),
             *(["--ignore-eos"] if workload.ignore_eos else []), "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(out_dir), "--result-filename", name]
     with open(out_dir / f"vllm-{tag}.log", "wb") as log:
@@ -313,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampled", type=float, metavar="T",
                         help="sampled, EOS-terminated: the workload's requests at temperature T, seeded, without "
                              "ignore_eos (vllm bench serve: --temperature T --extra-body '{\"seed\": 0}')")
+    parser.add_argument("--stop", help="with --sampled: a JSON list of stop strings every request carries on both "
+                                       "meters, so requests end where the text does, not at their length")
     args = parser.parse_args(argv)
+    stop = json.loads(args.stop) if args.stop else None
+    if stop is not None and (args.sampled is None or not isinstance(stop, list)):
+        parser.error("--stop: a JSON list of strings, with --sampled")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not set(arms) <= {"agent", "bare", "vllm", "old", "deferred"} or "vllm" not in arms or len(arms) < 2:
         parser.error("--arms: two or more of agent, bare, vllm, old, deferred, vllm included")
@@ -324,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"error: --workload {args.workload}: a traffic workload; this comparison takes a template one "
                  f"(challenge-cpu, smoke, ...)")
     if args.sampled is not None:   # every request sampled and free to stop at EOS, on both meters
-        workload = replace(workload, name=f"{workload.name}+sampled", temperature=args.sampled, ignore_eos=False)
+        workload = replace(workload, name=f"{workload.name}+sampled" + ("+stop" if args.stop else ""),
+                           temperature=args.sampled, ignore_eos=False)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "runs" / "meter-vs-bench" / stamp
     out.mkdir(parents=True, exist_ok=True)
@@ -335,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     server.tokenizer = args.model
     requests = workload.measured(0)
     if args.sampled is not None:
-        requests = [replace(r, body={**r.body, "seed": SAMPLED_SEED}) for r in requests]
+        requests = [replace(r, body={**r.body, "seed": SAMPLED_SEED, **({"stop": stop} if stop else {})})
+                    for r in requests]
 
     def stop_on_signal(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -361,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             for arm in order:
                 server.fail_if_dead(f"round {i + 1}")
                 if arm == "vllm":
-                    row[arm] = run_vllm(server, workload, jsonl, out, f"{i + 1}", timeout_s + 120)
+                    row[arm] = run_vllm(server, workload, jsonl, out, f"{i + 1}", timeout_s + 120, stop)
                 elif arm == "old":
                     row[arm] = run_agent(server, workload, requests, timeout_s, sampler=True, meter=old)
                 elif arm == "deferred":
@@ -377,12 +386,15 @@ def main(argv: list[str] | None = None) -> int:
             for arm in arms:
                 if arm != "vllm":
                     row[f"ratio_{arm}"] = round(row[arm]["tps"] / row["vllm"]["tps"], 4)
+            if len({row[a]["tokens"] for a in arms}) > 1:   # the same requests and seeds: the same answers
+                print(f"note: round {i + 1}: the arms read different token counts "
+                      f"{ {a: row[a]['tokens'] for a in arms} }", flush=True)
             rows.append(row)
             with open(out / "rounds.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
             print("round {}: {}".format(i + 1, ", ".join(
-                f"{a} {row[a]['tps']:.2f} tok/s ({row[a]['wall_s']:.2f} s, client CPU {row[a]['client_cpu_s']:.2f} s)"
-                for a in order)), flush=True)
+                f"{a} {row[a]['tps']:.2f} tok/s ({row[a]['tokens']} tokens, {row[a]['wall_s']:.2f} s, "
+                f"client CPU {row[a]['client_cpu_s']:.2f} s)" for a in order)), flush=True)
     except KeyboardInterrupt as e:
         print(f"interrupted: {e}", file=sys.stderr)
         return 130

@@ -71,6 +71,8 @@ def test_the_same_seed_writes_the_same_bytes_and_another_seed_other_prompts(writ
 
 @pytest.mark.parametrize("args, named", [(["--range-ratio", "1.5"], "--range-ratio"),
                                          (["--num-prompts", "0"], "--num-prompts"),
+                                         (["--rate", "0"], "--rate"),
+                                         (["--rate", "2", "--burstiness", "0"], "--burstiness"),
                                          (["--model", "/nowhere/model"], "--model")])
 def test_bad_options_are_one_line_naming_the_option(tmp_path, args, named):
     out = tmp_path / "x.jsonl"
@@ -78,3 +80,21 @@ def test_bad_options_are_one_line_naming_the_option(tmp_path, args, named):
     assert proc.returncode == 2 and not out.exists()
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0]
+
+
+def test_with_a_rate_the_file_is_a_trace_with_vllms_gamma_send_times(embedded_model, tmp_path):
+    """--rate R --burstiness B: each request a timestamp, the gaps vllm bench serve draws for the seed
+    (sandbox.arrivals.unit_times), so the file replays under --arrivals trace at about R requests/s."""
+    from agent.synthetic import Shape, write
+    from sandbox.arrivals import mean_rate, unit_times
+
+    out = tmp_path / "trace.jsonl"
+    rows = write(Shape(32, 8, 0.5, 200, 3, True, None, rate=4.0, burstiness=0.5), str(embedded_model), out)
+    times = [r["timestamp"] for r in rows]
+    assert times == [round(t / 4.0, 3) for t in unit_times(200, 0.5, 3)] and times == sorted(times)
+    assert 3.9 < mean_rate(times) < 4.2
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    spread = (sum((g - 0.25) ** 2 for g in gaps) / len(gaps)) ** 0.5 / 0.25
+    assert spread > 1.2   # burstiness 0.5: gaps spread about sqrt(2) times a Poisson process's
+    loaded = load(out)
+    assert [r.timestamp for r in loaded.requests] == times and all("timestamp" not in r.body for r in loaded.requests)
