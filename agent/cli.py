@@ -377,6 +377,8 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
 
 
 OPEN_LOOP_CAP = 64   # requests in flight at most when --arrivals opens a closed-loop workload (docs/arrivals.md)
+OPEN_LOOP_WARMUPS = 32   # warm-ups at once before open-loop points: after one, the first point (17 requests/s) broke
+                         # on a TTFT p99 of 3.1 s; after 32 the points held up to 68 (H200, docs/results.md)
 
 
 def _arrivals(meter, settings: dict):
@@ -391,6 +393,8 @@ def _arrivals(meter, settings: dict):
                     ("goodput" if settings["arrivals"] and settings["arrivals"] != "concurrency" else meter.objective))
     if closed and meter.arrivals != "concurrency":   # a closed-loop shape sent open loop: its concurrency becomes
         meter = replace(meter, concurrency=max(meter.concurrency, OPEN_LOOP_CAP))   # a cap, not the load
+    if meter.arrivals != "concurrency":   # warm the server with a batch like the load (OPEN_LOOP_WARMUPS)
+        meter = replace(meter, warmup_requests=max(meter.warmup_requests, min(meter.num_prompts, OPEN_LOOP_WARMUPS)))
     if meter.objective == "goodput":   # the run's --slo-* bounds, where given, over the workload's own
         meter = replace(meter, **{k: settings[k] for k in ("slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_e2e_p99_ms")
                                   if settings[k] is not None})
