@@ -135,9 +135,14 @@ class _Tapped:
 
 
 class _TappedResponse:
+    """The response, its body's chunks seen by the tap on their way to the request function."""
+
     def __init__(self, tap: _Tap, response):
         self.tap, self.response = tap, response
-        self.status, self.reason, self.content = response.status, response.reason, self
+        self.content = self
+
+    def __getattr__(self, name: str):   # status, reason and anything else: the response's own
+        return getattr(self.response, name)
 
     async def iter_any(self):
         async for data in self.response.content.iter_any():
