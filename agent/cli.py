@@ -219,9 +219,10 @@ def run(
     arrivals: str = typer.Option(None, help="How requests arrive: concurrency (the workload's), rate:R[,burstiness=B]"
                                             "[,seed=S] or poisson:R (requests/s, as vllm bench serve), trace[:SCALE] "
                                             "(the traffic's timestamps); docs/arrivals.md."),
-    objective: str = typer.Option(None, help="What ranks configs: tps (output tokens/s at a fixed concurrency) or "
+    objective: str = typer.Option(None, help="What ranks configs: tps (output tokens/s at a fixed concurrency), "
                                              "goodput (the highest request rate whose p99 SLOs hold; open-loop "
-                                             "arrivals and at least one --slo-*)."),
+                                             "arrivals and at least one --slo-*), or a latency percentile at the "
+                                             "arrivals given: ttft, itl, e2e or tpot with -p50, -p90 or -p99."),
     repeats: int = typer.Option(S.repeats, min=1, max=20, help="Measured repeats per server instance."),
     num_prompts: int = typer.Option(None, min=1, max=100_000, help="Requests in a measured phase, or in a goodput "
                                                                   "rate point (default: the workload's; a sound "

@@ -257,13 +257,20 @@ def greedy_of(result: dict) -> dict:
 
 def figure(bench: dict) -> float:
     """An instance's figure under the run's objective (sandbox.workload.OBJECTIVES): output tokens/s
-    at a fixed concurrency, or goodput in requests/s; older results carry tokens/s alone."""
+    at a fixed concurrency, goodput in requests/s, or 1000 / a latency percentile in ms (higher is
+    better for every one); older results carry tokens/s alone."""
     return bench.get("figure", bench["tps"])
 
 
 def unit(meter: dict | None) -> str:
     """How the figure reads: a trial's meter (or a run's traffic summary) names its objective."""
-    return "req/s goodput" if (meter or {}).get("objective") == "goodput" else "tok/s"
+    objective = (meter or {}).get("objective") or "tps"
+    if objective == "goodput":
+        return "req/s goodput"
+    if objective != "tps":   # a latency percentile, as its inverse (sandbox.workload.LATENCY_OBJECTIVES)
+        metric, q = objective.split("-")
+        return f"/s (1000 / {metric.upper()} {q} ms)"
+    return "tok/s"
 
 
 def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings = GateSettings()) -> Verdict:

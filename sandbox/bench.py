@@ -49,9 +49,11 @@ class BenchResult:
     finish: dict[str, int] = field(default_factory=dict)   # how the requests ended: eos, stop, length
     draw_hash: str | None = None                           # the requests measured (sandbox.traffic.keys_hash)
     tpot_ms: dict[str, float] = field(default_factory=dict)  # per request: (latency - TTFT) / (tokens - 1)
+    # The values behind each latency field, in seconds, so repeats pool into one percentile; not written out.
+    samples: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "samples"}
 
 
 def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
@@ -303,6 +305,10 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
     finish: dict[str, int] = {}
     for r in ok:
         finish[r.finish or "unknown"] = finish.get(r.finish or "unknown", 0) + 1
+    samples = {"ttft_ms": [r.ttft_s for r in ok if r.ttft_s is not None], "itl_ms": [g for r in ok for g in r.itl_s],
+               "latency_ms": [r.latency_s for r in ok],
+               "tpot_ms": [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok
+                           if r.ttft_s is not None and r.output_tokens > 1]}
     return BenchResult(
         tps=round(tokens / wall_s, 3) if wall_s > 0 else 0.0,
         output_tokens=tokens,
@@ -310,14 +316,14 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
         requests=len(results),
         errors=len(errors),
         short_outputs=short,
-        ttft_ms=percentiles([r.ttft_s for r in ok if r.ttft_s is not None]),
-        itl_ms=percentiles([g for r in ok for g in r.itl_s]),
-        latency_ms=percentiles([r.latency_s for r in ok]),
+        ttft_ms=percentiles(samples["ttft_ms"]),
+        itl_ms=percentiles(samples["itl_ms"]),
+        latency_ms=percentiles(samples["latency_ms"]),
         first_error=errors[0].error if errors else None,
         finish=finish,
         draw_hash=keys_hash(requests),
-        tpot_ms=percentiles([(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok
-                             if r.ttft_s is not None and r.output_tokens > 1]),
+        tpot_ms=percentiles(samples["tpot_ms"]),
+        samples=samples,
     )
 
 

@@ -29,6 +29,7 @@ import httpx
 from sandbox import bench, goodput, host, metrics, quality, spec as specs
 from sandbox.failures import TrialFailure, log_tail
 from sandbox.server import VLLM_LAUNCHER, Server
+from sandbox.workload import latency_of
 
 RESULT_VERSION = 1
 
@@ -77,6 +78,21 @@ async def _measure(server: Server, workload, requests: list, timeout_s: float,
     async with httpx.AsyncClient(timeout=5.0) as client:
         after = await metrics.scrape(client, server.base_url)
     return bench.summarize(results, wall, requests), metrics.summarize(before, after, sampler)
+
+
+def _repeat(server: Server, workload, repeat: int, bench_s: float, pruner: bench.Pruner | None = None
+            ) -> tuple[bench.BenchResult, dict]:
+    """Measured phase `repeat` on fresh requests: closed loop at the workload's concurrency, or (a
+    latency objective under open-loop arrivals) sent at the profile's own times for that phase."""
+    requests = workload.measured(repeat)
+    offsets = workload.offsets(len(requests), repeat)
+    return asyncio.run(_measure(server, workload, requests, bench_s + (offsets[-1] if offsets else 0.0), pruner,
+                                offsets))
+
+
+def _span(workload, repeats: int) -> float:
+    """The longest time over which one phase's requests arrive (0 closed loop)."""
+    return max((workload.offsets(workload.num_prompts, r) or [0.0])[-1] for r in range(repeats))
 
 
 def goodput_on(server: Server, workload, bench_s: float, phase: str,
@@ -198,17 +214,17 @@ class TrialRun:
             self.result["bench"] = self.goodput(workload)
             self.lap("benchmark")
             return
-        pruner = (bench.Pruner.for_workload(spec.prune_below_tps, workload)
-                  if spec.prune_below_tps is not None else None)
+        pruner = (bench.Pruner.for_workload(spec.prune_below_tps, workload)   # it bounds tokens/s: tps only
+                  if spec.prune_below_tps is not None and workload.objective == "tps" else None)
         runs = []
-        with deadline(self.bench_s * spec.repeats + 10, self.phase):
+        with deadline((self.bench_s + _span(workload, spec.repeats)) * spec.repeats + 10, self.phase):
             for repeat in range(spec.repeats):   # fresh requests each repeat: nothing replayed to this server
-                runs.append(asyncio.run(_measure(self.server, workload, workload.measured(repeat), self.bench_s, pruner)))
+                runs.append(_repeat(self.server, workload, repeat, self.bench_s, pruner))
                 self.server.fail_if_dead(self.phase)
                 if runs[-1][0].errors or (pruner and pruner.pruned):
                     break
         measured, explained = sorted(runs, key=lambda r: r[0].tps)[len(runs) // 2]  # the median repeat's latencies
-        self.result["bench"] = pooled([r[0] for r in runs], measured)
+        self.result["bench"] = pooled([r[0] for r in runs], measured, workload.objective)
         self.result["metrics"] = explained
         self.lap("benchmark")
         last, figures = runs[-1][0], self.result["bench"]   # a repeat with errors, or pruned, is the last one
@@ -236,12 +252,11 @@ class TrialRun:
             self.result["bench_heldout"] = {**self.goodput(heldout), "hash": heldout.hash}
             self.lap("heldout")
             return
-        with deadline(self.bench_s * spec.repeats + 10, self.phase):
-            reps = [asyncio.run(_measure(self.server, heldout, heldout.measured(r), self.bench_s))[0]
-                    for r in range(spec.repeats)]
+        with deadline((self.bench_s + _span(heldout, spec.repeats)) * spec.repeats + 10, self.phase):
+            reps = [_repeat(self.server, heldout, r, self.bench_s)[0] for r in range(spec.repeats)]
         self.server.fail_if_dead(self.phase)
         median = sorted(reps, key=lambda r: r.tps)[len(reps) // 2]
-        self.result["bench_heldout"] = {**pooled(reps, median), "hash": heldout.hash}
+        self.result["bench_heldout"] = {**pooled(reps, median, heldout.objective), "hash": heldout.hash}
         self.lap("heldout")
 
     def quality(self) -> None:
@@ -277,18 +292,24 @@ class TrialRun:
         _fail(self.result, klass, message, tail, self.log_path, cause)
 
 
-def pooled(reps: list[bench.BenchResult], median: bench.BenchResult) -> dict:
+def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: str = "tps") -> dict:
     """An instance's figure over all its repeats: each repeat draws other requests, and every config gets
     the same draws, so the instance's TPS is its tokens over its time on all of them (a median repeat
-    could be one draw for one config and another draw for the next). Latencies: the median repeat's."""
+    could be one draw for one config and another draw for the next). Latencies: the median repeat's.
+    Under a latency objective the figure is 1000 / that percentile over every repeat's requests."""
     tokens, wall = sum(r.output_tokens for r in reps), sum(r.wall_s for r in reps)
+    figure = round(tokens / wall, 3) if wall > 0 else 0.0
+    if latency := latency_of(objective):
+        field_name, q = latency
+        value = bench.percentiles([v for r in reps for v in r.samples.get(field_name, [])]).get(q)
+        figure = round(1000 / value, 6) if value else 0.0
     finish: dict[str, int] = {}
     for r in reps:
         for k, v in r.finish.items():
             finish[k] = finish.get(k, 0) + v
     return {**median.to_dict(), "tps": round(tokens / wall, 3) if wall > 0 else 0.0, "output_tokens": tokens,
             "wall_s": round(wall, 3), "requests": sum(r.requests for r in reps), "finish": finish,
-            "objective": "tps", "figure": round(tokens / wall, 3) if wall > 0 else 0.0,
+            "objective": objective, "figure": figure,
             "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
             "repeats_tps": [r.tps for r in reps], "draw_hashes": [r.draw_hash for r in reps]}
 

@@ -40,7 +40,20 @@ WORKLOAD_FIELDS = {
     "slo_e2e_p99_ms": ((float, type(None)), False),
 }
 ARRIVAL_FIELDS = ("arrivals", "objective", "slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_e2e_p99_ms")
-OBJECTIVES = ("tps", "goodput")   # output tokens/s at the fixed concurrency; requests/s within the SLOs
+# A latency percentile as the objective: lower is better, so an instance's figure is its inverse,
+# 1000 / the percentile in ms (per second), and a ratio of 1.25 reads "1.25 times shorter".
+LATENCIES = {"ttft": "ttft_ms", "itl": "itl_ms", "e2e": "latency_ms", "tpot": "tpot_ms"}
+LATENCY_OBJECTIVES = tuple(f"{m}-{q}" for m in LATENCIES for q in ("p50", "p90", "p99"))
+# output tokens/s at the fixed concurrency; requests/s within the SLOs; a latency percentile
+OBJECTIVES = ("tps", "goodput", *LATENCY_OBJECTIVES)
+
+
+def latency_of(objective: str) -> tuple[str, str] | None:
+    """For a latency objective, the bench field and percentile it reads ('e2e-p90': latency_ms, p90)."""
+    if objective not in LATENCY_OBJECTIVES:
+        return None
+    metric, q = objective.split("-")
+    return LATENCIES[metric], q
 MAX_RATE_POINTS = 12
 QUALITY_RESERVE = 32   # the search split's last requests, kept for the quality phase's greedy sample
 SPLITS = ("search", "heldout")
@@ -177,11 +190,13 @@ class Workload:
         return (f"{self.name}: {source}, {len(every)} requests ({len(pools['search'])} search, "
                 f"{len(pools['heldout'])} held-out; {sampled:.0%} sampled, {natural:.0%} may stop at EOS"
                 f"{f', {chat} chat' if chat else ''}), {self.num_prompts} a phase "
-                + (f"at concurrency {self.concurrency}" if self.objective == "tps" else f"({self.concurrency} in flight at most)")
-                + ("" if self.objective == "tps" else
-                   f"; arrivals {self.arrival_profile().describe()}, objective goodput (the highest rate whose "
-                   + ", ".join(f"{k.replace('_p99_ms', '').upper()} p99 <= {v:g} ms" for k, v in self.slo().bounds().items())
-                   + " holds)"))
+                + (f"({self.concurrency} in flight at most)" if self.arrival_profile().open_loop
+                   else f"at concurrency {self.concurrency}")
+                + ("" if self.objective == "tps" else f"; arrivals {self.arrival_profile().describe()}, objective "
+                   + (f"{self.objective} (lower is better; the figure is 1000 / its ms)"
+                      if latency_of(self.objective) else "goodput (the highest rate whose "
+                      + ", ".join(f"{k.replace('_p99_ms', '').upper()} p99 <= {v:g} ms"
+                                  for k, v in self.slo().bounds().items()) + " holds)")))
 
     @property
     def hash(self) -> str:
@@ -301,10 +316,12 @@ def check_objective(workload: Workload, where: str, arrivals_where: str | None =
     """The objective must be able to rank configs under the arrivals (docs/arrivals.md)."""
     profile = parse_arrivals(workload.arrivals, arrivals_where or f"{where}.arrivals")
     if workload.objective not in OBJECTIVES:
-        raise ValueError(f"{where}.objective: {workload.objective!r} is not one of {', '.join(OBJECTIVES)}")
+        raise ValueError(f"{where}.objective: {workload.objective!r} is not tps, goodput or a latency percentile "
+                         f"(ttft, itl, e2e or tpot, then -p50, -p90 or -p99: e2e-p99)")
     if workload.objective == "tps" and profile.open_loop:
         raise ValueError(f"{where}: objective 'tps' under arrivals {workload.arrivals!r}: below saturation an "
-                         f"open-loop server's tokens/s is the offered load whatever its config; use objective goodput")
+                         f"open-loop server's tokens/s is the offered load whatever its config; use objective "
+                         f"goodput or a latency percentile (e2e-p99, ttft-p90, ...)")
     if workload.objective == "goodput" and not profile.open_loop:
         raise ValueError(f"{where}: objective 'goodput' needs open-loop arrivals (rate:R or trace), not "
                          f"{workload.arrivals!r}")

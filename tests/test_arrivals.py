@@ -170,7 +170,8 @@ def test_the_search_says_what_it_could_not_settle_and_names_a_percentile_from_fe
     ({"arrivals": "rate:2"}, "objective 'tps' under arrivals 'rate:2'"),
     ({"objective": "goodput", "slo_ttft_p99_ms": 100.0}, "needs open-loop arrivals"),
     ({"objective": "goodput", "arrivals": "rate:2"}, "needs at least one SLO"),
-    ({"objective": "latency"}, "'latency' is not one of tps, goodput"),
+    ({"objective": "latency"}, "'latency' is not tps, goodput or a latency percentile"),
+    ({"objective": "e2e-p95", "arrivals": "rate:2"}, "-p50, -p90 or -p99"),
     ({"arrivals": "trace", "objective": "goodput", "slo_ttft_p99_ms": 100.0}, "needs a traffic file with a timestamp"),
     ({"arrivals": "rate:2", "objective": "goodput", "slo_ttft_p99_ms": -1.0}, "slo_ttft_p99_ms: -1.0 is not a positive"),
 ])
@@ -221,6 +222,41 @@ def test_two_servers_equal_in_tokens_per_second_at_one_rate_differ_in_goodput(tm
     assert 1.8 < g2["rate"] / g1["rate"] < 2.7
     assert all(p["percentile"] == "max of 24" for p in g1["points"])   # 24 requests a point: named, not "p99"
     assert one["workload"]["arrivals"] == "rate:5,burstiness=1000,seed=1"
+
+
+def latency_trial(tmp_path: Path, monkeypatch, token_s: float, objective: str, arrivals: str) -> dict:
+    """One real worker on the stand-in, every request 10 tokens of token_s each, under `arrivals`."""
+    monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_TOKEN_S"))
+    monkeypatch.setenv("FAKE_TOKEN_S", str(token_s))
+    traffic = tmp_path / f"l{token_s}.jsonl"
+    traffic.write_text("".join(json.dumps({"prompt": f"request {i}", "max_tokens": 10}) + "\n" for i in range(200)))
+    workload = {"name": "latency", "meter_version": 4, "concurrency": 64, "num_prompts": 20, "warmup_requests": 1,
+                "prompt_split": "search", "traffic": str(traffic), "arrivals": arrivals, "objective": objective}
+    spec = specs.from_dict({"model": "fake", "workload": workload, "repeats": 2, "deadlines": {"start_s": 30},
+                            "heldout_bench": True,
+                            "prune_below_tps": 1e6})   # a pruner bounds tokens/s: not used under a latency objective
+    out = tmp_path / f"o{token_s}"
+    out.mkdir()
+    return run_trial(spec, out / "server.log", out / "progress.json", launcher=FAKE)
+
+
+def test_a_latency_objective_ranks_two_servers_that_serve_one_rate_alike(tmp_path, monkeypatch):
+    """At 10 requests a second, open loop, a server of 5 ms a token and one of 10 ms both serve the
+    offered load (the same tokens/s, which is why tps is refused there); the objective e2e-p90 tells
+    them apart: its figure is 1000 / the p90 end-to-end latency in ms over both repeats' requests,
+    about twice as high for the faster server, on the held-out phase as on the search one."""
+    fast, slow = (latency_trial(tmp_path, monkeypatch, t, "e2e-p90", "rate:10,burstiness=1000,seed=1")
+                  for t in (0.005, 0.010))
+    for result in (fast, slow):
+        assert result["status"] == "ok", result["failure"]
+        b = result["bench"]
+        assert b["objective"] == "e2e-p90" and b["requests"] == 40 and "samples" not in b
+        assert b["figure"] > 0 and result["bench_heldout"]["objective"] == "e2e-p90"
+    assert math.isclose(fast["bench"]["tps"], slow["bench"]["tps"], rel_tol=0.1), (fast["bench"], slow["bench"])
+    ratio = fast["bench"]["figure"] / slow["bench"]["figure"]
+    assert 1.5 < ratio < 2.5, ratio
+    # Both repeats' requests arrived at 10 a second: no phase ran closed loop (20 requests, 2 s apart).
+    assert all(r["bench"]["wall_s"] > 3.5 for r in (fast, slow))
 
 
 def test_a_config_that_holds_the_slos_at_no_rate_fails_naming_the_lowest_rate_and_what_broke(tmp_path, monkeypatch):
