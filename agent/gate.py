@@ -264,10 +264,12 @@ def figure(bench: dict) -> float:
 
 def unit(meter: dict | None) -> str:
     """How the figure reads: a trial's meter (or a run's traffic summary) names its objective."""
+    from sandbox.workload import latency_of   # the one place the objective names are read
+
     objective = (meter or {}).get("objective") or "tps"
     if objective == "goodput":
         return "req/s goodput"
-    if objective != "tps":   # a latency percentile, as its inverse (sandbox.workload.LATENCY_OBJECTIVES)
+    if latency_of(objective):   # a latency percentile, as its inverse
         metric, q = objective.split("-")
         return f"/s (1000 / {metric.upper()} {q} ms)"
     return "tok/s"

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sandbox import bench, worker  # noqa: E402
+from sandbox.arrivals import parse as parse_arrivals  # noqa: E402
 from sandbox.failures import TrialFailure  # noqa: E402
 from sandbox.server import Server  # noqa: E402
 from sandbox.spec import argv_of  # noqa: E402
@@ -114,7 +115,7 @@ def main() -> int:
         # The same lengths as a trace: send times drawn with burstiness 0.5 (twice a Poisson process's
         # spread, the shipped trace's shape) at the Poisson profile's starting rate, replayed at their pace.
         timed = out / "synthetic-trace.jsonl"
-        start = float(poisson["arrivals"].split(":")[1].split(",")[0])
+        start = parse_arrivals(poisson["arrivals"]).rate
         synthetic.write(synthetic.Shape(256, 128, 0.5, 14 * args.synthetic, 0, True, 0.8, rate=start,
                                         burstiness=0.5), args.model, timed)
         plan["profiles"]["synthetic-trace"] = {**poisson, "name": f"{poisson['name']}-synthetic-trace",
