@@ -152,10 +152,9 @@ class _TappedResponse:
             yield data
 
 
-def _func_input(api_url: str, model: str, request: Request):
+def _func_input(erf, api_url: str, model: str, request: Request):
     """The request as vLLM's RequestFuncInput: its prompt or messages and output bound where that
     function puts them, every other field of the user's body as extra_body (sent as given)."""
-    erf = _vllm_requests()
     body = dict(request.body)
     chat = request.endpoint == "chat"
     messages = body.pop("messages", None) if chat else None
@@ -179,7 +178,7 @@ async def one_request(session, base_url: str, model: str, request: Request,
             else erf.async_request_openai_completions)
     tap = _Tap(session)
     sent = time.perf_counter()
-    output = await send(_func_input(base_url.rstrip("/") + ENDPOINTS[request.endpoint], model, request), tap)
+    output = await send(_func_input(erf, base_url.rstrip("/") + ENDPOINTS[request.endpoint], model, request), tap)
     waited = 0.0 if arrived is None else (output.start_time or sent) - arrived
     result = RequestResult(ok=output.success and tap.stream_error is None, finish=tap.finish)
     result.latency_s = (output.latency if output.success else time.perf_counter() - sent) + waited
