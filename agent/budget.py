@@ -31,15 +31,31 @@ def seconds_left(deadline_iso: str, now: datetime | None = None) -> float:
     return (datetime.fromisoformat(deadline_iso) - (now or datetime.now(timezone.utc))).total_seconds()
 
 
-def first_plan(instance_s: float, before_candidate: int, left_s: float, points: int | None = None) -> dict:
-    """What the budget fits, from the first instance of the defaults: `before_candidate` more instances
-    (the baseline's rest and the A/A check) before the first candidate, which costs about one more,
-    and its held-out decision at least one fresh instance after that. A cold first start makes this
-    an upper bound."""
-    candidate_in = before_candidate * instance_s
-    decided_in = candidate_in + 2 * instance_s
-    return {"instance_s": round(instance_s, 1), "before_candidate": before_candidate, "points": points,
+# A first start compiles what later starts find cached: on the H200 241 s cold against 64-133 s
+# warm (docs/results.md). Before a warm start has been seen, a plan from the first instance alone is
+# an upper bound, and the run stops early only if even starts this much cheaper would not fit.
+WARM_START = 0.25
+
+
+def heldout_instance_s(timings: dict) -> float:
+    """A held-out instance: a fresh server measured on the held-out prompts, without the quality phase."""
+    return sum(timings.get(f"{phase}_s", 0) for phase in ("start", "warmup", "benchmark", "teardown"))
+
+
+def plan(timings: dict, instances_left: int, aa_left: bool, left_s: float, spent_s: float,
+         points: int | None = None, start_scale: float = 1.0) -> dict:
+    # start_scale: later starts as a fraction of this instance's (WARM_START after a cold first one)
+    """What the budget fits, from an instance of the defaults (its phases' `timings`): the baseline's
+    `instances_left` and the A/A (which measures the held-out prompts too) before the first
+    candidate, which costs about one instance; its held-out decision's first look one fresh instance
+    of it without the quality phase, against the A/A's held-out figure. `spent_s`: the run so far."""
+    start = timings.get("start_s", 0) * (1 - start_scale)
+    instance_s = max(timings.get("total_s", 0) - timings.get("heldout_s", 0) - start, 0)   # an A/A's held-out phase out
+    candidate_in = instances_left * instance_s + (instance_s + timings.get("benchmark_s", 0) if aa_left else 0)
+    decided_in = candidate_in + instance_s + max(heldout_instance_s(timings) - start, 0)
+    return {"instance_s": round(instance_s, 1), "before_candidate": instances_left + aa_left, "points": points,
             "candidate_in_s": round(candidate_in), "decided_in_s": round(decided_in), "left_s": round(left_s),
+            "need_s": round(spent_s + decided_in),
             "fits": "decision" if decided_in <= left_s else "candidate" if candidate_in + instance_s <= left_s
             else "nothing"}
 
@@ -49,14 +65,17 @@ def minutes(seconds: float) -> str:
 
 
 def plan_line(p: dict) -> str:
-    """What the budget fits, said after the first instance of the defaults (agent.budget.first_plan)."""
+    """What the budget fits, said after the first instance of the defaults (agent.budget.plan)."""
     points = f", {p['points']} goodput rate points" if p.get("points") else ""
     head = (f"plan: an instance of the defaults took {minutes(p['instance_s'])} here{points}; "
             f"{p['before_candidate']} more before the first candidate (in about {minutes(p['candidate_in_s'])}), "
             f"its first decision in about {minutes(p['decided_in_s'])}; {minutes(p['left_s'])} left")
     if p["fits"] == "decision":
         return head
-    need = p["decided_in_s"] + p["instance_s"]   # from the run's start: the first instance too
+    need = p.get("need_s", p["decided_in_s"] + p["instance_s"])   # from the run's start
+    if p.get("upper_bound"):
+        return head + (f": a first decision fits only if later starts are quicker than this first one, which "
+                       f"compiled what they reuse (else a --budget of about {minutes(need)} would); going on")
     if p["fits"] == "candidate":
         return head + f": a first candidate fits, its decision likely not (a --budget of about {minutes(need)} would)"
     return head + f": no candidate fits (a --budget of about {minutes(need)} would reach a first decision)"

@@ -547,7 +547,7 @@ def _engine(slot: devices.Slot | None):
 
 
 def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
-    from agent.loop import BaselineFailed, DirtyMachine, run_search
+    from agent.loop import BaselineFailed, BudgetTooShort, DirtyMachine, run_search
 
     settings, space, o = _settings(row)
     say = event_logger(Path(o["home"]) / row.id / "events.jsonl", console)
@@ -576,6 +576,9 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
         console.print(f"stopped: run {row.id}; the trial in flight was ended and recorded "
                       f"(continue with: agent run --resume {row.id})")
         raise typer.Exit(130) from None
+    except BudgetTooShort as e:   # said before the budget was spent: nothing failed, the run is over
+        _close_interrupted(ledger, row.id, "finished")
+        raise fail(str(e), 1) from None
     except BaselineFailed as e:
         _close_interrupted(ledger, row.id, "failed")
         raise fail(str(e), 1) from None

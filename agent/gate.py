@@ -210,19 +210,21 @@ class Baseline:
     """The run's defaults: every instance so far, and what a lossless config must reproduce.
 
     The held-out decision compares a candidate only with instances of the defaults that played no
-    part in screening it: those measured on the held-out prompts alone (`extras`), never the
+    part in screening it: the A/A instance (its search figure counts in the noise, not in the
+    screen's reference) and those measured on the held-out prompts alone (`extras`), never the
     baseline instances the search-side screen used. A screen passes a candidate more often when the
     instances it compared with happened to be slow, and an instance is slow on both prompt sets; a
     decision against those same instances would accept a config with no gain more often than its
     bounds say (6.3% instead of 3.9% at log-sd 0.07, measured with scripts/gate_oc.py).
     """
-    search: list[float]                 # TPS of each instance of the defaults on the search prompts
-    heldout: list[float]                # on the held-out prompts: instances measured for decisions only
+    search: list[float]                 # TPS of each instance of the defaults the screen compares with
+    heldout: list[float]                # on the held-out prompts: the A/A's and instances measured for decisions
     ppl: float
     reference: dict                     # first instance's greedy path: {"ids": ..., "tops": ...}
     calibration: Calibration
     drift: float = 1.0                  # the machine's speed now relative to the baseline's
     noise_groups: tuple = ()            # further groups of instances of one config (see stats.pooled_noise)
+    unscreened: tuple = ()              # search figures of the defaults kept out of the screen (the A/A's)
 
     @property
     def tps(self) -> float:
@@ -233,8 +235,13 @@ class Baseline:
         return math.exp(sum(math.log(x) for x in self.heldout) / len(self.heldout)) if self.heldout else None
 
     @property
+    def groups(self) -> list:
+        """Every group of instances of one config that the run's instance noise is pooled from."""
+        return [[*self.search, *self.unscreened], *self.noise_groups]
+
+    @property
     def noise(self) -> Noise:
-        return pooled_noise([self.search, *self.noise_groups])
+        return pooled_noise(self.groups)
 
 
 @dataclass(frozen=True)
@@ -393,7 +400,7 @@ def decide(first: float, base: Baseline, settings: GateSettings, more_candidate:
                 return Decision(False, [f"no instance of the defaults on the held-out prompts: {e}"],
                                 compare(candidate, candidate, Noise(0.0, 0)), candidate, extras)
             continue
-        noise = pooled_noise([base.search, *base.noise_groups, candidate, extras])
+        noise = pooled_noise([*base.groups, candidate, extras])
         c = compare(candidate, defaults, noise, settings.level, base.drift)
         why = (f"held-out {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] from {len(candidate)} fresh instance(s) "
                f"against {len(defaults)} of the defaults")
@@ -452,13 +459,19 @@ class Instance:
     greedy: dict | None = None          # {"ids": ..., "tops": ...}
 
 
-def baseline_of(instances: list[Instance], settings: GateSettings, extras: tuple = ()) -> Baseline:
-    """The defaults from their first instances: the first one's greedy path is the reference."""
+def baseline_of(instances: list[Instance], settings: GateSettings, extras: tuple = (),
+                aa: Instance | None = None) -> Baseline:
+    """The defaults from their first instances: the first one's greedy path is the reference. The
+    A/A instance, once judged, is no part of the screen: its search figure joins the noise, its
+    held-out figure is the first instance of the defaults every held-out decision compares with
+    (so a first decision needs one fresh instance of the candidate, not two instances)."""
     reference = instances[0].greedy or {"ids": [], "tops": []}
     others = [i.greedy for i in instances[1:] if i.greedy]
-    ppls = [i.ppl for i in instances if i.ppl]
-    return Baseline(search=[i.tps for i in instances], heldout=list(extras), ppl=sum(ppls) / len(ppls), reference=reference,
-                    calibration=calibrate(reference, others, settings.exact))
+    ppls = [i.ppl for i in (*instances, *([aa] if aa else [])) if i.ppl]
+    heldout = [*([aa.heldout_tps] if aa and aa.heldout_tps else []), *extras]
+    return Baseline(search=[i.tps for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls), reference=reference,
+                    calibration=calibrate(reference, others, settings.exact),
+                    noise_groups=(tuple(heldout),) if heldout else (), unscreened=(aa.tps,) if aa else ())
 
 
 @dataclass(frozen=True)
@@ -504,6 +517,6 @@ def more_defaults_wanted(base: Baseline, aa: AAVerdict, added_after_aa: int, set
     """Whether the run should measure the defaults on one more instance before any candidate: when the
     A/A called them faster or slower than themselves (once), or while their noise is high, where
     a few instances leave every bound wide and the estimate of the noise itself uncertain."""
-    if len(base.search) >= settings.max_defaults:
+    if len(base.search) + len(base.unscreened) >= settings.max_defaults:
         return False
     return (aa.add_instances and added_after_aa == 0) or base.noise.sd > settings.noisy

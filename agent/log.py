@@ -34,6 +34,9 @@ def _line(event: str, info: dict) -> str | None:
                       f"log-sd, {info['df']} df), ppl {info['ppl']:.4f}; {rule}")
     if event == "plan":
         return escape(plan_line(info))
+    if event == "fewer_defaults":
+        return (f"the defaults' noise, ±{info['noise']:.1%} log-sd over {info['instances']} instances, would call for "
+                f"another instance of them, but then no first decision would fit the budget: going on with these")
     if event == "aa":
         return escape(info["line"])
     if event == "drift":

@@ -12,13 +12,14 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
 import optuna
 
-from agent import crew, gate, gitops, proposal, refusals
-from agent.budget import first_plan, seconds_left
+from agent import budget, crew, gate, gitops, proposal, refusals
+from agent.budget import seconds_left
 from agent.gate import Baseline, GateSettings, Instance, MeasureFailed
 from agent.ledger import LearnedRule, Ledger, RangeChange, Repeat, Run, Trial, Worker, utcnow
 from agent.planner import BuiltinPlanner, Planner
@@ -76,6 +77,10 @@ class Settings:
 
 class BaselineFailed(RuntimeError):
     pass
+
+
+class BudgetTooShort(BaselineFailed):
+    """The instances of the defaults measured so far say that no first decision fits the budget."""
 
 
 class Superseded(RuntimeError):
@@ -459,17 +464,20 @@ def enqueue(study: optuna.Study, proposals: list) -> None:
 
 
 def expected_trial_s(history: list[Trial]) -> float:
-    """The longest candidate trial so far with its first held-out instance (or the longest instance
-    of the defaults before any): no trial starts that the measured times say cannot finish. Before
-    any held-out instance has run, one is counted as the trial's own start, warm-up and benchmark."""
+    """The longest candidate trial so far with its first held-out instance (before any candidate, the
+    latest instance of the defaults with one): no trial starts whose first decision the measured
+    times say cannot finish. Before any held-out instance has run, one is counted as the trial's own
+    start, warm-up and benchmark."""
     durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_first_s", held_out_estimate_s(t))
                  for t in history if t.status in ("ok", "failed") and t.source in CANDIDATES]
-    return max(durations or [t.timings.get("total_s", 0) for t in history if t.status == "ok"] or [0.0])
+    if durations:
+        return max(durations)
+    defaults = [t for t in history if t.status == "ok" and t.source in DEFAULTS_SOURCES]
+    return budget.plan(defaults[-1].timings, 0, False, 0, 0)["decided_in_s"] if defaults else 0.0
 
 
 def held_out_estimate_s(t: Trial) -> float:
-    """A held-out instance is a fresh server measured on other prompts, without the quality phase."""
-    return sum(t.timings.get(f"{phase}_s", 0) for phase in ("start", "warmup", "benchmark", "teardown"))
+    return budget.heldout_instance_s(t.timings)
 
 
 def spec_for(run: Run, settings: Settings, flags: dict, env: dict, **extra) -> dict:
@@ -571,11 +579,13 @@ def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
     ok = [t for t in history if t.source in DEFAULTS_SOURCES and t.status == "ok"]
     # A further device's instance is one more draw of the defaults: the spread between devices becomes
     # part of the noise every candidate is judged with, whichever device it ran on (docs/scale-out.md).
-    instances = [t for t in ok if t.source in ("baseline", "aa", "device") or (t.source == "drift" and t.drift == 1.0)]
+    instances = [t for t in ok if t.source in ("baseline", "device") or (t.source == "drift" and t.drift == 1.0)]
+    aa = next((t for t in ok if t.source == "aa"), None)
     extras = [t.heldout_tps for t in ok if t.source == "extra" and t.heldout_tps]
-    base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras))
+    base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras),
+                            aa=instance_of(aa) if aa else None)
     drift = next((t.drift for t in reversed(ok) if t.source == "drift" and t.drift is not None), 1.0)
-    return replace(base, reference=first.reference, drift=drift, noise_groups=(tuple(extras),),
+    return replace(base, reference=first.reference, drift=drift,
                    calibration=verdict.calibration if verdict else first.calibration)
 
 
@@ -586,11 +596,9 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
     history = ledger.trials(run.id)
     done = sum(1 for t in history if t.source == "baseline" and t.status == "ok")
     for i in range(settings.baseline_instances - done):
-        first = run_defaults(run, settings, space, ledger, engine, defaults, say, "baseline", "engine defaults")
+        last = run_defaults(run, settings, space, ledger, engine, defaults, say, "baseline", "engine defaults")
+        plan = fits_a_decision(run, last, settings.baseline_instances - done - i - 1, True, first=done + i == 0)
         if done + i == 0:   # the first instance says what the budget fits
-            points = len(((first.measured or {}).get("goodput") or {}).get("points") or []) or None
-            plan = first_plan(first.timings.get("total_s", 0), settings.baseline_instances,
-                              seconds_left(run.deadline_at), points)
             ledger.update(run, calibration={**(run.calibration or {}), "plan": plan})
             say("plan", **plan)
     history = ledger.trials(run.id)
@@ -610,11 +618,17 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
     base = baseline_from(history, settings.gate)
     while gate.more_defaults_wanted(base, verdict, sum(1 for t in history if t.source == "baseline"
                                                        and t.number > aa.number), settings.gate):
+        if budget.plan(aa.timings, 1, False, seconds_left(run.deadline_at), 0)["fits"] != "decision":
+            say("fewer_defaults", noise=base.noise.sd, instances=len(base.search) + len(base.unscreened))
+            break
         run_defaults(run, settings, space, ledger, engine, defaults, say, "baseline",
                      "more instances of the defaults: " + ("the A/A check called them faster or slower than "
                      "themselves" if verdict.add_instances else f"their noise is above {settings.gate.noisy:.0%}"))
         history = ledger.trials(run.id)
         base = baseline_from(history, settings.gate)
+    if not any(t.source in CANDIDATES for t in history):   # before the first candidate (a resume may be past it)
+        fits_a_decision(run, [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"][-1],
+                        0, False, first=False)
     for t in history:
         if t.source == "baseline" and t.status == "ok":
             ledger.update(t, tps_ratio=round(t.tps / base.tps, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
@@ -628,12 +642,28 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
     return base
 
 
+def fits_a_decision(run: Run, last: Trial, instances_left: int, aa_left: bool, first: bool) -> dict:
+    """What the budget fits after this instance of the defaults; the run stops here, before spending
+    the rest, when a first decision cannot finish, even with warm starts after a cold first one."""
+    left = seconds_left(run.deadline_at)
+    spent = (datetime.now(timezone.utc) - datetime.fromisoformat(run.started_at)).total_seconds()
+    points = len(((last.measured or {}).get("goodput") or {}).get("points") or []) or None
+    plan = budget.plan(last.timings, instances_left, aa_left, left, spent, points)
+    hopeful = budget.plan(last.timings, instances_left, aa_left, left, spent, points,
+                          start_scale=budget.WARM_START if first else 1.0)
+    if hopeful["fits"] != "decision":
+        raise BudgetTooShort(budget.plan_line(plan) + "; stopped here rather than spend the rest")
+    return {**plan, "upper_bound": plan["fits"] != "decision"}
+
+
 def run_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, defaults: dict,
                  say: Callable, source: str, rationale: str) -> Trial:
-    """One fresh server with the engine defaults, measured on the search and the held-out prompts."""
+    """One fresh server with the engine defaults, measured on the search prompts; the A/A instance on
+    the held-out prompts too (its figure there is what held-out decisions first compare with)."""
     row = start_trial(run, ledger, space, defaults, {}, source, rationale=rationale)
     say("trial", number=row.number, source=source, params={}, left_s=seconds_left(run.deadline_at), best=None)
-    result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say, heldout_bench=True)
+    result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say,
+                        heldout_bench=source == "aa")
     record(ledger, row, result)
     if result.get("status") != "ok":
         failure = result.get("failure") or {}
@@ -828,7 +858,7 @@ def slower_than_proposed(row: Trial, history: list[Trial], base: Baseline, setti
     """A candidate slower than a branch already proposed, on the same search prompts and beyond the
     noise, cannot be branched whatever its held-out decision says: no fresh servers for it."""
     # Every config's repeated held-out instances are more evidence of the instance noise.
-    noise = pooled_noise([base.search, *base.noise_groups, *(t.heldout_instances for t in history if t.heldout_instances)])
+    noise = pooled_noise([*base.groups, *(t.heldout_instances for t in history if t.heldout_instances)])
     for other in (t for t in history if t.branch and t.tps):
         c = compare([row.tps], [other.tps], noise, settings.level)
         if c.high < 1:
@@ -840,7 +870,7 @@ def slower_than_proposed(row: Trial, history: list[Trial], base: Baseline, setti
 def dominated_by(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:
     claim = lambda t: t.heldout_instances or ([t.tps] if t.tps else [])  # noqa: E731
     for other in (t for t in history if t.branch):
-        noise = pooled_noise([base.search, *base.noise_groups, claim(row), claim(other)])
+        noise = pooled_noise([*base.groups, claim(row), claim(other)])
         c = compare(claim(row), claim(other), noise, settings.level)
         if c.low > 1:
             continue

@@ -135,6 +135,12 @@ class BuiltinPlanner:
     def _speculation(space, start, basis, history, latest, facts):
         if "speculative-config.method" not in space.knobs or facts.get("concurrency", 1) > 4:
             return
+        # Prompt lookup drafts what the context repeats; sampled outputs seldom do. On mostly sampled,
+        # EOS-terminated traffic ngram k=4 measured 0.65x on an H200 and 0.70x with core binding on
+        # the CPU (acceptance 4-46%, against 90% on greedy loops): not a first move there, though the
+        # sampler may still draw it.
+        if facts.get("sampled_share", 0) > 0.5 and start.get("speculative-config.method") != "ngram":
+            return
         if start.get("speculative-config.method") != "ngram":
             yield ({**start, "speculative-config.method": "ngram", "speculative-config.num_speculative_tokens": 4,
                     "speculative-config.prompt_lookup_min": 2, "speculative-config.prompt_lookup_max": 4},

@@ -48,16 +48,16 @@ def instance(result: dict) -> Instance:
 def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings, baseline_instances: int) -> tuple[bool, int]:
     """One decision by agent/gate.py, in the loop's order: (accepted, server instances spent on the
     candidate and on instances of the defaults beyond the first baseline ones)."""
-    defaults = [instance(measure(engine, DEFAULTS, heldout_bench=True)) for _ in range(baseline_instances)]
+    defaults = [instance(measure(engine, DEFAULTS)) for _ in range(baseline_instances)]
     first = baseline_of(defaults, settings)
     aa = instance(measure(engine, DEFAULTS, heldout_bench=True))
     verdict = judge_aa(aa, first, settings)
-    defaults.append(aa)
     spent, added = 0, 0
-    while more_defaults_wanted(baseline_of(defaults, settings), verdict, added, settings):
-        defaults.append(instance(measure(engine, DEFAULTS, heldout_bench=True)))
+    while more_defaults_wanted(baseline_of(defaults, settings, aa=aa), verdict, added, settings):
+        defaults.append(instance(measure(engine, DEFAULTS)))
         spent, added = spent + 1, added + 1
-    base = replace(baseline_of(defaults, settings), reference=first.reference, calibration=verdict.calibration)
+    # As agent.loop.baseline_from: the A/A out of the screen, its held-out figure shared by decisions.
+    base = replace(baseline_of(defaults, settings, aa=aa), reference=first.reference, calibration=verdict.calibration)
     result = measure(engine, config)
     spent += 1
     screened = check(result, base, lossless=True, settings=settings)

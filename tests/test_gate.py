@@ -204,3 +204,19 @@ def test_the_held_out_decision_uses_only_instances_of_the_defaults_that_did_not_
 
     d = decide(14.0, base, GateSettings(), lambda: 14.0, more_defaults)
     assert measured and d.extra_defaults == measured and d.comparison.defaults == len(measured)
+
+
+def test_the_aa_instance_serves_held_out_decisions_and_stays_out_of_the_screen():
+    g = greedy(IDS)
+    first = [Instance(10.0, None, 8.0, g), Instance(10.1, None, 8.0, g)]
+    base = baseline_of(first, GateSettings(), aa=Instance(9.9, 9.6, 8.0, g))
+    # The screen compares with the two baseline instances alone: a slow A/A cannot make a candidate
+    # look faster on the search prompts, and its held-out figure is independent of the screen.
+    assert base.search == [10.0, 10.1] and base.tps == pytest.approx(math.sqrt(10.0 * 10.1))
+    assert base.heldout == [9.6] and base.unscreened == (9.9,)
+    # Its search figure is one more instance of the defaults in the noise (2 degrees of freedom, not 1).
+    assert base.noise.df == 2 and base.noise == pooled_noise([[10.0, 10.1, 9.9]])
+    measured = []
+    d = decide(13.0, base, GateSettings(), lambda: 13.0, lambda: measured.append(9.6) or 9.6)
+    # A clear gain is decided on one fresh instance of the candidate, against the A/A's held-out figure.
+    assert d.accepted and measured == [] and d.comparison.defaults == 1 and d.candidate == [13.0]

@@ -55,11 +55,30 @@ def test_failures_are_classified_and_fed_back_to_the_sampler(night):
         assert told.value == 0.0 and told.user_attrs["constraint"] == [1.0]
 
 
-def test_hopeless_configs_are_pruned_told_to_optuna_as_pruned_and_the_run_stays_consistent(night):
+class EagerFirst:
+    """A planner whose first proposal is the fake engine's 0.8x knob (the sampler may never draw it
+    alone within a short run on a slow machine), then none."""
+
+    name = "eager-first"
+
+    def propose(self, space, run, history, facts, k):
+        from agent.planner import Proposal
+
+        if any(t.params == {"enforce-eager": True} for t in history):
+            return []
+        return [Proposal({"enforce-eager": True}, "eager: no compile", "slower")]
+
+    def narrow(self, space, history):
+        return []
+
+
+def test_hopeless_configs_are_pruned_told_to_optuna_as_pruned_and_the_run_stays_consistent(tmp_path):
     from agent import recovery
 
-    ledger, repo, run, tmp_path, _ = night
-    trials = ledger.trials("r1")
+    settings = Settings(model="m", workload="smoke", max_trials=4, facts={"cpus": 2, "concurrency": 1})
+    ledger, run = _run(tmp_path, "rp", FakeEngine(), settings, planner=EagerFirst())
+    repo = gitops.open_repo(tmp_path / "p")
+    trials = ledger.trials("rp")
     pruned = [t for t in trials if t.status == "pruned"]
     assert pruned and all(t.params.get("enforce-eager") for t in pruned)   # the fake's 0.8x knob, nothing else
     assert all(t.decision == "pruned" and t.ppl is None and t.tps_ratio < 0.9 and "pruned after 3 of 4" in
@@ -67,12 +86,12 @@ def test_hopeless_configs_are_pruned_told_to_optuna_as_pruned_and_the_run_stays_
     # Never the defaults' instances, and never a config that is as fast as the defaults.
     assert not any(t.status == "pruned" for t in trials if t.source in ("baseline", "aa", "drift", "extra"))
     assert not any(t.status == "pruned" and not t.params.get("enforce-eager") for t in trials)
-    study = optuna.load_study(study_name="r1", storage=f"sqlite:///{tmp_path / 'optuna.sqlite'}")
+    study = optuna.load_study(study_name="rp", storage=f"sqlite:///{tmp_path / 'o.sqlite'}")
     states = {t.number: t for t in study.trials}
     for t in pruned:
         told = states[t.optuna_number]
         assert told.state == optuna.trial.TrialState.PRUNED and told.intermediate_values == {0: t.tps_ratio}
-    assert recovery.problems(ledger, run, f"sqlite:///{tmp_path / 'optuna.sqlite'}", repo) == []
+    assert recovery.problems(ledger, run, f"sqlite:///{tmp_path / 'o.sqlite'}", repo) == []
     # Measured to the end but no faster than the defaults: quality is not measured, and it says so.
     slower = [t for t in trials if t.decision == "speed-only"]
     assert all(t.status == "ok" and t.ppl is None and t.tps_ratio <= 1.0 and "speed only" in t.gate_reasons[0]
@@ -364,8 +383,44 @@ def test_the_first_instance_says_what_the_budget_fits(night):
 def test_the_plan_line_names_what_fits_and_what_budget_would(left, fits, tail):
     from agent.log import plan_line
 
-    plan = budget.first_plan(280.0, 2, left)
-    assert plan["fits"] == fits and plan["candidate_in_s"] == 560 and plan["decided_in_s"] == 1120
+    first = {"total_s": 280.0, "start_s": 150.0, "warmup_s": 5.0, "benchmark_s": 40.0, "teardown_s": 5.0}
+    plan = budget.plan(first, 1, True, left, spent_s=280.0)
+    # The second baseline instance (280 s) and the A/A, which measures the held-out prompts too (320 s);
+    # then the candidate (280 s) and one held-out instance of it (start, warm-up, benchmark, teardown: 200 s).
+    assert plan["fits"] == fits and plan["candidate_in_s"] == 600 and plan["decided_in_s"] == 1080
     line = plan_line(plan)
     assert line.startswith("plan: an instance of the defaults took 5 min here; 2 more before the first "
-                           "candidate (in about 9 min), its first decision in about 19 min; ") and line.endswith(tail)
+                           "candidate (in about 10 min), its first decision in about 18 min; ") and line.endswith(tail)
+    # A cold first start (the H200's 241 s against 64-133 s warm) makes the plan an upper bound: the
+    # hopeful one, with later starts a quarter of it, is what a run must miss before it stops.
+    hopeful = budget.plan(first, 1, True, left, 280.0, start_scale=budget.WARM_START)
+    assert hopeful["decided_in_s"] == 1080 - 4 * 150 * 0.75
+
+
+def test_a_budget_too_short_for_a_first_decision_stops_after_the_first_instance(tmp_path):
+    """Each instance takes a second here: after the first, a decision needs about four more, and 3 s
+    are left. The run says so and stops, instead of measuring the defaults until the deadline."""
+    from agent.loop import BudgetTooShort
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    space = spaces.load("vllm-cpu")
+    run = ledger.add(Run(id="r5", deadline_at=budget.deadline_after(4).isoformat(), model="m", space_path=space.path,
+                         space_hash=space.hash, workload="smoke", repo="", settings={"home": str(tmp_path)}))
+    settings = Settings(model="m", workload="smoke", facts={"cpus": 2, "concurrency": 1})
+    with pytest.raises(BudgetTooShort, match=r"no candidate fits \(a --budget of about \d+ s would reach a first "
+                                             r"decision\); stopped here rather than spend the rest"):
+        run_search(run, settings, space, ledger, FakeEngine(delay_s=1.0), gitops.open_repo(tmp_path / "p", create=True),
+                   f"sqlite:///{tmp_path / 'o.sqlite'}")
+    assert [t.source for t in ledger.trials("r5")] == ["baseline"] and budget.seconds_left(run.deadline_at) > 1
+
+
+def test_the_aa_instance_measures_the_held_out_prompts_that_the_first_decision_compares_with(night):
+    ledger, _, run, _, _ = night
+    trials = ledger.trials("r1")
+    baseline, aa = [t for t in trials if t.source == "baseline"], next(t for t in trials if t.source == "aa")
+    assert baseline and all(t.heldout_tps is None for t in baseline) and aa.heldout_tps > 0
+    first = next(t for t in trials if t.decision == "accepted")
+    # Decided at the first look: one fresh instance of the candidate against the A/A's held-out figure,
+    # with no instance of the defaults measured for it.
+    assert first.heldout_instances and len(first.heldout_instances) == 1
+    assert not [t for t in trials if t.source == "extra" and t.number < first.number + 2]

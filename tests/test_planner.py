@@ -34,6 +34,9 @@ def test_speculation_only_for_few_streams_and_k_follows_acceptance():
     assert any(p.params.get("speculative-config.num_speculative_tokens") == 6 and "90%" in p.rationale for p in high)
     low = propose([trial(0, {}), trial(1, ngram, {"spec_acceptance_rate": 0.2}, ratio=1.2)])
     assert any(p.params.get("speculative-config.num_speculative_tokens") == 2 for p in low)
+    # Mostly sampled traffic: no ngram as a first move (measured 0.65-0.70x there), greedy traffic: yes.
+    assert not [p for p in propose([trial(0, {})], sampled_share=0.6) if "speculative-config.method" in p.params]
+    assert [p for p in propose([trial(0, {})], sampled_share=0.4) if "speculative-config.method" in p.params]
 
 
 def test_batching_and_kv_moves_cite_the_metric_that_triggered_them():
