@@ -41,8 +41,10 @@ def config_refused(flags: dict) -> str | None:
 
 class SimulatedEngine:
     def __init__(self, seed: int = 0, noise: float = 0.03, flip_rate: float = 0.0, tie_margin: float = 0.125,
-                 tie_share: float = 0.25, gain: dict | None = None):
+                 tie_share: float = 0.25, gain: dict | None = None, start_s: tuple = (60.0, 120.0),
+                 quality_s: float = 25.0, bench_tokens: int = BENCH_TOKENS):
         self.rng = random.Random(seed)
+        self.start_range, self.quality_s, self.bench_tokens = start_s, quality_s, bench_tokens
         self.clock = 0.0                # simulated seconds spent so far
         self.noise, self.flip_rate, self.tie_margin = noise, flip_rate, tie_margin
         self.gain = gain or {}          # extra speed factors by env/flag value, for the gate's benchmark
@@ -94,7 +96,7 @@ class SimulatedEngine:
         trial_dir.mkdir(parents=True, exist_ok=True)
         flags, env = spec["flags"], spec["env"]
         on_phase("start")
-        start_s = self.rng.uniform(60, 120)
+        start_s = self.rng.uniform(*self.start_range)
         for said in (config_refused(flags), START_REFUSAL if flags.get("block-size") == 32
                      and flags.get("enable-prefix-caching") is False else None):
             if said:
@@ -113,7 +115,7 @@ class SimulatedEngine:
         repeats = [tps * math.exp(self.rng.gauss(0.0, self.noise / 3)) for _ in range(max(1, spec.get("repeats", 1)))]
         lossy = str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") or flags.get("dtype") == "float32"
         ppl = 4.674 * (1.004 if lossy else 1.0)
-        bench_s = BENCH_TOKENS / tps * max(1, spec.get("repeats", 1))
+        bench_s = self.bench_tokens / tps * max(1, spec.get("repeats", 1))
         timings = {"start_s": start_s, "warmup_s": 5.0, "benchmark_s": bench_s}
         if spec.get("prune_below_tps") and tps * 4 / 3 < spec["prune_below_tps"]:   # the Pruner after 3 of 24
             timings["benchmark_s"] = bench_s * 3 / 24 / max(1, spec.get("repeats", 1))
@@ -125,7 +127,7 @@ class SimulatedEngine:
                     "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps], "requests": 3},
                     "quality": None, "metrics": {}, "timings": timings}
         if spec.get("quality") != "none":
-            timings["quality_s"] = 25.0
+            timings["quality_s"] = self.quality_s
         if spec.get("heldout_bench"):
             timings["heldout_s"] = bench_s
         self.clock += sum(timings.values())
