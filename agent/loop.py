@@ -787,8 +787,11 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
     inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
     times: list[float] = []
 
-    def instance(target: Trial, suffix: str) -> dict:
-        needed = max(times) if times else held_out_estimate_s(row)
+    def instance(target: Trial, suffix: str, like: Trial = row) -> dict:
+        # As long as the slowest held-out instance so far, or as the config's own measured phases: an
+        # instance of the defaults can be slower than the candidate's (a fresh clone's was killed at
+        # its deadline when the candidate's held-out time stood for it).
+        needed = max([*times, held_out_estimate_s(like)])
         if seconds_left(run.deadline_at) < needed:
             raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
                                 f"needed, {seconds_left(run.deadline_at):.0f} s left)")
@@ -809,7 +812,8 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
                                  flags=defaults_row.flags, env=defaults_row.env, lossless=True,
                                  rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
-            result = instance(extra, "")
+            result = instance(extra, "", like=max((t for t in history if t.source in ("baseline", "aa")
+                                                   and t.status == "ok"), key=held_out_estimate_s))
         except MeasureFailed as e:
             finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
             raise

@@ -21,8 +21,7 @@ import types
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: an older checkout wins
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: an older checkout's agent wins
 
 import agent.loop as loop  # noqa: E402
 from agent import gitops, space as spaces  # noqa: E402

@@ -35,7 +35,9 @@ def row(run, trials) -> dict:
     rechecks = sum(len(t.heldout_instances or []) for t in candidates)
     measuring = sum((t.timings or {}).get("total_s", 0) + (t.timings or {}).get("recheck_s", 0) for t in served)
     first = min((at(t.started_at) for t in candidates), default=None)
-    decided = min((at(t.finished_at) for t in candidates if t.heldout_instances), default=None)
+    # A held-out verdict by the bounds, not a refusal because the budget or an instance ran out.
+    decided = min((at(t.finished_at) for t in candidates if t.heldout_instances and not any(
+        "budget ends" in r or "instance failed" in r for r in t.gate_reasons or [])), default=None)
     minutes = lambda when: f"{(when - start).total_seconds() / 60:.1f}" if when else "-"  # noqa: E731
     return {"run": run.id, "wall_min": round(wall / 60, 1), "instances": len(served) + rechecks,
             "candidates": len(candidates), "per_hour": round(len(candidates) / (wall / 3600), 2),
