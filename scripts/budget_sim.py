@@ -2,6 +2,7 @@
 held-out decision, and commits its first win, before its deadline, over many seeds.
 
     .venv/bin/python scripts/budget_sim.py --runs 100                 # the slow CPU machine's figures
+    .venv/bin/python scripts/budget_sim.py --runs 100 --noise 0.03 --start-s 90 176 --quality-s 30 --bench-tokens 72
     git worktree add /tmp/before 4d50a09 && PYTHONPATH=/tmp/before .venv/bin/python scripts/budget_sim.py --runs 100
 
 The loop runs unchanged, on the simulated clock: scripts/sim_engine.py advances it by each phase's
@@ -44,9 +45,10 @@ def on_clock(engine: SimulatedEngine, budget_s: float) -> None:
     loop.datetime = Clock
 
 
-def one_run(seed: int, home: Path, budget_s: float, noise: float) -> dict:
+def one_run(seed: int, home: Path, budget_s: float, noise: float, start_s: tuple, quality_s: float,
+            bench_tokens: int) -> dict:
     space = spaces.load("vllm-cpu")
-    engine = SimulatedEngine(seed=seed, noise=noise, start_s=(160.0, 245.0), quality_s=66.0, bench_tokens=180)
+    engine = SimulatedEngine(seed=seed, noise=noise, start_s=start_s, quality_s=quality_s, bench_tokens=bench_tokens)
     on_clock(engine, budget_s)
     ledger, repo = Ledger(home / "ledger.sqlite"), gitops.open_repo(home / "proposals", create=True)
     run = ledger.add(Run(id="r", model="sim", space_path=space.path, space_hash=space.hash, workload="default-cpu",
@@ -82,11 +84,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--budget-min", type=float, default=30.0)
     parser.add_argument("--noise", type=float, default=0.06)
+    parser.add_argument("--start-s", type=float, nargs=2, default=(160.0, 245.0), help="a start's range, seconds")
+    parser.add_argument("--quality-s", type=float, default=66.0)
+    parser.add_argument("--bench-tokens", type=int, default=180, help="output tokens a repeat (10 tok/s defaults)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/budget-sim"))
     parser.add_argument("--verbose", action="store_true", help="print each held-out decision's last reason")
     args = parser.parse_args()
-    rows = [one_run(seed, args.out / datetime.now().strftime("%H%M%S%f") / str(seed), args.budget_min * 60, args.noise)
-            for seed in range(args.runs)]
+    rows = [one_run(seed, args.out / datetime.now().strftime("%H%M%S%f") / str(seed), args.budget_min * 60, args.noise,
+                    tuple(args.start_s), args.quality_s, args.bench_tokens) for seed in range(args.runs)]
     decided = [r["decided"] / 60 for r in rows if r["decided"] is not None]
     committed = [r["committed"] / 60 for r in rows if r["committed"] is not None]
     stopped = [r["stopped"] for r in rows if r["stopped"]]
