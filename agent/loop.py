@@ -468,16 +468,12 @@ def expected_trial_s(history: list[Trial]) -> float:
     latest instance of the defaults with one): no trial starts whose first decision the measured
     times say cannot finish. Before any held-out instance has run, one is counted as the trial's own
     start, warm-up and benchmark."""
-    durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_first_s", held_out_estimate_s(t))
+    durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_first_s", budget.heldout_instance_s(t.timings))
                  for t in history if t.status in ("ok", "failed") and t.source in CANDIDATES]
     if durations:
         return max(durations)
     defaults = [t for t in history if t.status == "ok" and t.source in DEFAULTS_SOURCES]
     return budget.plan(defaults[-1].timings, 0, False, 0, 0)["decided_in_s"] if defaults else 0.0
-
-
-def held_out_estimate_s(t: Trial) -> float:
-    return budget.heldout_instance_s(t.timings)
 
 
 def spec_for(run: Run, settings: Settings, flags: dict, env: dict, **extra) -> dict:
@@ -791,7 +787,7 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
         # As long as the slowest held-out instance so far, or as the config's own measured phases: an
         # instance of the defaults can be slower than the candidate's (a fresh clone's was killed at
         # its deadline when the candidate's held-out time stood for it).
-        needed = max([*times, held_out_estimate_s(like)])
+        needed = max([*times, budget.heldout_instance_s(like.timings)])
         if seconds_left(run.deadline_at) < needed:
             raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
                                 f"needed, {seconds_left(run.deadline_at):.0f} s left)")
@@ -813,7 +809,7 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
                                  rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
             result = instance(extra, "", like=max((t for t in history if t.source in ("baseline", "aa")
-                                                   and t.status == "ok"), key=held_out_estimate_s))
+                                                   and t.status == "ok"), key=lambda t: budget.heldout_instance_s(t.timings)))
         except MeasureFailed as e:
             finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
             raise
