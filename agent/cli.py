@@ -530,20 +530,12 @@ def _model_here(row: ledgers.Run, o: dict) -> str:
     return served_model(row.model, row.model_revision)
 
 
-def _engine(slot: devices.Slot | None):
-    """The real worker, always, except where a test puts the deterministic engine at this seam
-    (AGENT_TEST_ENGINE=FILE.py:Class; tests/test_scale_out.py runs real processes and a real database)."""
+def make_engine(slot: devices.Slot | None):
+    """The engine: the real worker, in a process of its own for each trial. The one seam to it; the
+    tests' own executable (tests/agent_with_seam_engine.py) puts the deterministic engine here."""
     from agent.engine import WorkerEngine
 
-    if not (seam := os.environ.get("AGENT_TEST_ENGINE")):
-        return WorkerEngine(slot)
-    import importlib.util
-
-    path, _, name = seam.partition(":")
-    spec = importlib.util.spec_from_file_location("agent_test_engine", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)(slot)
+    return WorkerEngine(slot)
 
 
 def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
@@ -559,7 +551,7 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     say("run", id=row.id, budget=o.get("budget", ""), deadline=row.deadline_at, space=space.path,
         workload=row.workload)
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
-    engine = _engine(slots[0] if len(slots) > 1 else None)
+    engine = make_engine(slots[0] if len(slots) > 1 else None)
     me = crew.join(ledger, row, slots[0], "coordinator")
     try:
         with crew.Heartbeat(ledger, me):
@@ -651,7 +643,7 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
 
     home = paths.home()
     settings, space, o = _settings(row, home=home)
-    engine = _engine(slot if slot.env else None)
+    engine = make_engine(slot if slot.env else None)
     me = crew.join(ledger, row, slot, "worker")
     say = event_logger(home / row.id / f"events-worker-{me.id}.jsonl", console)
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
@@ -692,14 +684,13 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
 
 
 def _interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why: str) -> None:
-    try:
-        study = optuna.load_study(study_name=row.id, storage=_storage())
-    except KeyError:
-        study = None
+    from agent import study as studies
+
+    study = studies.recorded(row.id, _storage(), [])
     for t in ledger.trials(row.id, status="running"):
         if t.worker_id == me.id:
             crew.interrupt(ledger, t, study, home, why)
-    crew.settle(ledger, row, study, me)   # stopped between a record and its tell
+    crew.settle(ledger, row, _storage(), me)   # stopped between a record and its tell
     if ledger.run(row.id).status != "running":
         crew.refuse_leftovers(ledger, row.id, me.id)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import optuna
 import psutil
 
+from agent import study as studies
 from agent.devices import Slot
 from agent.engine import reap, worker_env
 from agent.ledger import Ledger, Run, Trial, Worker, utcnow
@@ -126,10 +127,7 @@ def interrupt(ledger: Ledger, t: Trial, study: optuna.Study | None, home: Path |
         return []
     done = [f"trial {t.number}: interrupted ({why})"]
     if study is not None and t.optuna_number is not None:
-        try:
-            study.tell(t.optuna_number, state=optuna.trial.TrialState.FAIL)
-        except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
-            pass   # already finished: told by its worker just before it fell silent
+        studies.fail(study, t.optuna_number)   # False: told by its worker just before it fell silent
     if home is not None:
         for progress in sorted((home / t.run_id).glob(f"trial-{t.number:03d}*/progress.json")):
             if killed := reap(progress):
@@ -140,23 +138,18 @@ def interrupt(ledger: Ledger, t: Trial, study: optuna.Study | None, home: Path |
 FINISHED = ("ok", "failed", "skipped", "pruned")
 
 
-def tell_as_recorded(study: optuna.Study, number: int, row: Trial) -> None:
-    """Tell Optuna what a finished ledger row says (a process stopped between its record and its tell)."""
-    if row.status == "pruned":
-        study.tell(number, state=optuna.trial.TrialState.PRUNED)
-    else:
-        study.tell(number, row.claimed_ratio if row.status == "ok" else 0.0)
-
-
-def settle(ledger: Ledger, run: Run, study: optuna.Study | None, me: Worker) -> list[str]:
-    """A stopping worker's finished rows whose Optuna trials are still RUNNING: told as recorded."""
+def settle(ledger: Ledger, run: Run, storage, me: Worker) -> list[str]:
+    """A stopping worker's finished rows whose Optuna trials are still RUNNING: told as recorded, with
+    the value, state and constraint the loop would have told."""
+    rows = ledger.trials(run.id)
+    study = studies.recorded(run.id, storage, rows)
     if study is None:
         return []
     done = []
-    running = {ft.number for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
-    for t in ledger.trials(run.id):
+    running = {ft.number for ft in studies.running(study)}
+    for t in rows:
         if t.worker_id == me.id and t.optuna_number in running and t.status in FINISHED:
-            tell_as_recorded(study, t.optuna_number, t)
+            studies.tell_row(study, t.optuna_number, t)
             done.append(f"optuna trial {t.optuna_number}: told what trial {t.number} recorded")
     return done
 
@@ -174,12 +167,17 @@ def refuse_leftovers(ledger: Ledger, run_id: str, worker_id: int | None = None) 
     return done
 
 
+# How a local worker is started: `python -m agent.cli worker ...`. A program built on agent.cli
+# (tests/agent_with_seam_engine.py) sets its own, so that its workers run it too.
+PROGRAM = ["-m", "agent.cli"]
+
+
 def spawn(run_id: str, slots: list[Slot], storage: str | None, log_dir: Path) -> list[subprocess.Popen]:
     """Start one local `agent worker` per slot, each in its own process group, logging to log_dir."""
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for slot in slots:
-        argv = [sys.executable, "-m", "agent.cli", "worker", "--run", run_id, "--slot", str(slot.index),
+        argv = [sys.executable, *PROGRAM, "worker", "--run", run_id, "--slot", str(slot.index),
                 "--of", str(max(s.index for s in slots) + 1), "--parent", str(os.getpid())]
         env = {**worker_env(), **({"AGENT_STORAGE": storage} if storage else {})}
         with open(log_dir / f"worker-{slot.index}.log", "ab") as log:

@@ -9,7 +9,6 @@ git (accepted, undominated configs only).
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -18,7 +17,7 @@ from typing import Protocol
 
 import optuna
 
-from agent import budget, crew, gate, gitops, proposal, refusals
+from agent import budget, crew, gate, gitops, proposal, refusals, study as studies
 from agent.budget import seconds_left
 from agent.gate import Baseline, GateSettings, Instance, MeasureFailed
 from agent.ledger import LearnedRule, Ledger, RangeChange, Repeat, Run, Trial, Worker, utcnow
@@ -27,14 +26,8 @@ from agent.space import Space
 from agent.stats import compare, interval, pooled_noise
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
-STARTUP_TRIALS = 4  # TPE's random start-up points, taken by one-knob changes from the defaults instead
 # After this many asks in a row that only repeat answered points, the space is spent.
 MAX_REPEATS_IN_A_ROW = 200
-
-
-# multivariate/group/constraints TPE are marked experimental; they are what this loop needs.
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 class Engine(Protocol):
@@ -126,15 +119,15 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
     defaults = engine_defaults(run, settings, space, ledger, engine)
     measure_baseline(run, settings, space, ledger, engine, defaults, say)
     preflight = preflight_for(run, settings, space, engine, say)
-    study = open_study(run, settings, storage)
+    study = studies.open(run.id, storage, settings.seed, settings.sampler)
     sampler_space = narrowed(space, ledger.narrowings(run.id))
     # One-knob changes stand in for TPE's random start-up points, as many as it would draw: more of them
     # delayed the best config on the simulated engine (docs/results.md, the search benchmark).
-    near = space.near_defaults(defaults, settings.seed)[:STARTUP_TRIALS] if settings.near_start else []
+    near = space.near_defaults(defaults, settings.seed)[:studies.STARTUP_TRIALS] if settings.near_start else []
     repeats_in_a_row = 0
     while True:
         step = Step.read(run, settings, ledger)
-        seen, since_planner = told_so_far(study, settings)
+        seen, since_planner = studies.told_so_far(study, settings.sampler_per_planner)
         if step.over(settings):
             break
         if crew.bury(ledger, run, study, home_of(run, settings), say):
@@ -145,10 +138,10 @@ def run_search(run: Run, settings: Settings, space: Space, ledger: Ledger, engin
         if forward := put_forward(step.history):
             decide(run, forward, settings, ledger, engine, step.base, step.history, repo, say)
             continue
-        if since_planner >= settings.sampler_per_planner and not waiting(study):
-            enqueue(study, planner.propose(space, run, step.history, facts_for(settings, step.rules), k=1))
+        if since_planner >= settings.sampler_per_planner and not studies.waiting(study):
+            studies.enqueue(study, planner.propose(space, run, step.history, facts_for(settings, step.rules), k=1))
             sampler_space = narrow(sampler_space, planner, step.history, ledger, run, say)
-        if not waiting(study) and (first := next_near(near, seen, sampler_space)):
+        if not studies.waiting(study) and (first := next_near(near, seen, sampler_space)):
             study.enqueue_trial(first, user_attrs={"source": "sampler", "knobs": list(first), "rationale":
                                                    "one knob changed from the engine's defaults"})
         ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, step,
@@ -176,7 +169,7 @@ def work(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Eng
     if wait_for(ledger, run, lambda r: r.baseline_tps, say, "the baseline and the A/A check") is None:
         return
     preflight = preflight_for(run, settings, space, engine, say)
-    study = open_study(run, settings, storage)
+    study = studies.open(run.id, storage, settings.seed, settings.sampler)
     sampler_space = narrowed(space, ledger.narrowings(run.id))
     repeats_in_a_row = 0
     while not lost():
@@ -186,7 +179,7 @@ def work(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Eng
         if step.over(settings):
             break
         crew.bury(ledger, run, study, home_of(run, settings), say)
-        seen, _ = told_so_far(study, settings)
+        seen, _ = studies.told_so_far(study, settings.sampler_per_planner)
         sampler_space = narrowed(space, ledger.narrowings(run.id))   # the coordinator's planner narrows it
         ran = candidate(run, settings, space, ledger, engine, study, sampler_space, seen, step,
                         preflight, defaults, None, say, coordinator=False)
@@ -208,11 +201,11 @@ def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine
              if "knobs" in trial.user_attrs else sampler_space.sample(trial))
     key = repr(sorted(point.items()))
     if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
-        tell(study, trial, *seen[key])
+        studies.tell(study, trial, *seen[key])
         return False
     if other := next((t for t in step.history if t.status == "running" and repr(sorted(t.params.items())) == key), None):
         # Another worker measures this very point now: no second server for it, and nothing to learn.
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        studies.fail(study, trial.number)
         say("duplicate", number=other.number)
         return False
     row = start_trial(run, ledger, space, defaults, point, source, trial.number, trial.user_attrs.get("rationale"))
@@ -231,21 +224,10 @@ def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine
     row = ledger.trial(run.id, row.number)
     if settings.preflight:
         learn(run, row, point, space, defaults, preflight, ledger, say)
-    tell(study, trial, *told(row), pruned=row.status == "pruned")
+    studies.tell(study, trial, *studies.told(row), pruned=row.status == "pruned")
     if row.failure_class == "unclean_teardown":
         raise DirtyMachine(f"trial {row.number} left the machine dirty: {row.failure_message}")
     return True
-
-
-def open_study(run: Run, settings: Settings, storage) -> optuna.Study:
-    """The run's study, created by the first process that asks (the others load it)."""
-    for _ in range(3):
-        try:
-            return optuna.create_study(study_name=run.id, storage=storage, direction="maximize",
-                                       load_if_exists=True, sampler=make_sampler(settings))
-        except optuna.exceptions.DuplicatedStudyError:   # created by another worker in the same instant
-            continue
-    return optuna.load_study(study_name=run.id, storage=storage, sampler=make_sampler(settings))
 
 
 def wait_for(ledger: Ledger, run: Run, ready: Callable[[Run], object], say: Callable, what: str):
@@ -379,54 +361,6 @@ def next_near(near: list[dict], seen: dict, space: Space) -> dict | None:
     return next((p for p in near if repr(sorted(p.items())) not in seen and not space.problems(p)), None)
 
 
-def told(row: Trial) -> tuple[float, float]:
-    """What Optuna is told of a finished trial: (value, constraint), both from its ledger row."""
-    value = row.claimed_ratio if row.status in ("ok", "pruned") else 0.0
-    return value, row.constraint if row.constraint is not None else 1.0
-
-
-def tell(study: optuna.Study, trial: optuna.Trial, value: float, constraint: float, pruned: bool = False) -> None:
-    """A pruned trial is told as Optuna's PRUNED, its partial ratio reported as its last value."""
-    trial.set_user_attr("constraint", [constraint])
-    if pruned:
-        trial.report(value, step=0)
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    else:
-        study.tell(trial, value)
-
-
-def told_so_far(study: optuna.Study, settings: Settings) -> tuple[dict[str, tuple[float, float]], int]:
-    """What the study already knows, so a resumed or repeated call goes on where the last one stopped.
-
-    Returns each told point's (value, constraint) and how many sampler trials followed the last
-    planner trial (the planner goes first when there is none).
-    """
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
-    seen = {repr(sorted(t.params.items())): (t.value if t.value is not None else t.intermediate_values.get(0, 0.0),
-                                             (t.user_attrs.get("constraint") or
-                                              t.system_attrs.get("constraints") or [1.0])[0]) for t in done}
-    since = 0
-    for t in reversed(done):
-        if t.user_attrs.get("source") == "planner":
-            return seen, since
-        since += 1
-    return seen, settings.sampler_per_planner
-
-
-def make_sampler(settings: Settings, constraints: Callable | None = None) -> optuna.samplers.BaseSampler:
-    """constraints: how a finished trial's constraint is read (default: the user attribute the loop sets;
-    recovery reads the ledger's column instead, so both tell Optuna the one value computed per trial)."""
-    if settings.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=settings.seed)
-    # Failures are told as infeasible through the constraint, so TPE learns which regions do not run.
-    # A narrowed knob is sampled on its own (Optuna's documented fallback), hence no warning for it.
-    # constant_liar: with several workers, the points in flight count as bad ones, so two workers are
-    # not sent to the same place (with one worker nothing is in flight when it asks).
-    return optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,
-                                      warn_independent_sampling=False, constant_liar=True,
-                                      constraints_func=constraints or (lambda t: t.user_attrs.get("constraint", [1.0])))
-
-
 def spent(history: list[Trial], settings: Settings) -> bool:
     if settings.max_trials is None:
         return False
@@ -451,16 +385,6 @@ def narrow(space: Space, planner: Planner, history: list[Trial], ledger: Ledger,
                                planner=planner.name, knob=n.knob, low=n.low, high=n.high, rationale=n.rationale))
         say("narrow", knob=n.knob, low=n.low, high=n.high, rationale=n.rationale)
     return space
-
-
-def waiting(study: optuna.Study) -> bool:
-    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-
-
-def enqueue(study: optuna.Study, proposals: list) -> None:
-    for p in proposals:
-        study.enqueue_trial(p.params, user_attrs={"source": "planner", "rationale": p.rationale,
-                                                  "expected": p.expected, "knobs": list(p.params)})
 
 
 def expected_trial_s(history: list[Trial]) -> float:

@@ -25,7 +25,7 @@ import git
 import optuna
 import psutil
 
-from agent import crew, gitops
+from agent import crew, gitops, study as studies
 from agent.engine import reap
 from agent.ledger import Ledger, Run, Worker, utcnow
 
@@ -127,20 +127,18 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
     # A live worker on another host still measures these: their Optuna trials are its to tell.
     theirs = {t.optuna_number for t in trials if t.status == "running" and t.worker_id in going}
     # The constraint Optuna records is the one the loop computed and stored in the ledger.
-    constraints = lambda ft: [finished[ft.number].constraint if ft.number in finished  # noqa: E731
-                              and finished[ft.number].constraint is not None else 1.0]
-    study = _study(run, storage, optuna.samplers.TPESampler(constraints_func=constraints))
+    study = studies.recorded(run.id, storage, list(finished.values()))
     if study is not None:
-        for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        for ft in studies.running(study):
             if ft.number in theirs:
                 continue
             row = finished.get(ft.number)
             if row is None:
-                study.tell(ft.number, state=optuna.trial.TrialState.FAIL)
+                studies.fail(study, ft.number)
                 done.append(f"optuna trial {ft.number}: running at the crash, told FAIL")
                 continue
             # Killed after the ledger row was finished but before the tell: tell what the row says.
-            crew.tell_as_recorded(study, ft.number, row)
+            studies.tell_row(study, ft.number, row)
             done.append(f"optuna trial {ft.number}: finished in the ledger (trial {row.number}), told its result")
     if repo is not None:
         refs = Path(repo.git_dir) / "refs" / "heads" / "agent" / run.id

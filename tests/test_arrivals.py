@@ -278,9 +278,9 @@ def test_a_goodput_run_tells_optuna_decides_and_claims_in_requests_per_second(tm
     from agent.ledger import Ledger
 
     home = tmp_path / "home"
-    env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_ENGINE": f"{ROOT}/tests/seam_engine.py:SeamEngine",
-           "AGENT_TEST_TRIAL_S": "0.05", "COLUMNS": "300"}
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--budget", "90s", "--model", str(embedded_model),
+    env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_TRIAL_S": "0.05", "COLUMNS": "300"}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "agent_with_seam_engine.py"), "run", "--budget", "90s",
+                           "--model", str(embedded_model),
                            "--traffic", str(ROOT / "sandbox/data/traffic/trace.jsonl"), "--arrivals", "trace",
                            "--slo-ttft-p99-ms", "2000", "--max-trials", "4"],
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -92,6 +92,42 @@ def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
     assert recovery.problems(ledger, ledger.run("r"), storage, repo) == []
 
 
+def test_a_worker_stopped_between_its_record_and_its_tell_tells_optuna_what_the_loop_would(tmp_path, monkeypatch):
+    """The stop path (a worker stopped by a signal after recording a trial, before telling Optuna):
+    each finished row is told its value, its constraint and, when pruned, its partial ratio, exactly
+    as the loop tells a twin it measured itself. Before, the study was loaded without the run's
+    sampler: TPE got no constraint and ranked the trial below every other (Optuna: "does not have
+    constraint values"), and a pruned one had no intermediate value."""
+    from agent import cli, study as studies
+
+    storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
+    monkeypatch.setattr(cli, "_storage", lambda: storage)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    run = ledger.add(Run(id="r", deadline_at="2100-01-01T00:00:00+00:00", model="m", space_path="s",
+                         space_hash="h", workload="smoke", repo="", settings={}))
+    me = ledger.add(Worker(run_id="r", name="h/1", host="h", pid=os.getpid(), slot=1, device="cores 1", role="worker"))
+    study = studies.open("r", storage, seed=0)
+    recorded = [dict(status="ok", tps_ratio=1.42, constraint=0.0), dict(status="pruned", tps_ratio=0.61, constraint=0.0),
+                dict(status="failed", failure_class="oom", constraint=1.0)]
+    twins = {}
+    for n, fields in enumerate(recorded):
+        stopped, twin = study.ask(), study.ask()
+        row = ledger.add(Trial(run_id="r", number=n, source="sampler", optuna_number=stopped.number,
+                               worker_id=me.id, **fields))
+        studies.tell(study, twin, *studies.told(row), pruned=row.status == "pruned")   # the loop's own tell
+        twins[stopped.number] = twin.number
+    cli._interrupt_mine(ledger, run, me, tmp_path, "its worker was stopped")
+    trials = {ft.number: ft for ft in optuna.load_study(study_name="r", storage=storage).trials}
+    for number, twin in twins.items():
+        got, want = trials[number], trials[twin]
+        assert (got.state, got.value, got.intermediate_values, got.user_attrs, got.system_attrs.get("constraints")) == \
+               (want.state, want.value, want.intermediate_values, want.user_attrs, want.system_attrs.get("constraints"))
+        assert got.system_attrs.get("constraints") in ([0.0], [1.0])
+    assert [trials[n].state for n in twins] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+                                                optuna.trial.TrialState.COMPLETE]
+    assert trials[list(twins)[1]].intermediate_values == {0: 0.61}
+
+
 def test_a_second_run_on_the_same_ledger_is_refused_at_once(tmp_path, monkeypatch):
     from agent.cli import app
 
@@ -268,3 +304,5 @@ def test_a_resume_is_refused_while_the_runs_coordinator_lives_on_another_host(tm
     ledger.update(away, heartbeat_at="2026-01-01T00:00:00+00:00")
     result = CliRunner().invoke(app, ["run", "--resume", "r"])
     assert "its coordinator" not in result.stderr
+    # It went on to load the run's space (a name this stand-in row makes up), and said that instead.
+    assert result.exit_code == 2 and "s.yaml: cannot read" in result.stderr, result.output

@@ -28,6 +28,8 @@ from agent.ledger import Ledger
 from postgres import PASSWORD, Postgres, binaries
 
 ROOT = Path(__file__).resolve().parents[1]
+# `agent` with the deterministic engine at its engine seam (a test-only executable; its workers run it too).
+AGENT = [sys.executable, str(ROOT / "tests" / "agent_with_seam_engine.py")]
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +43,12 @@ def postgres():
 
 
 def env_for(home: Path, trial_s: float = 0.6) -> dict:
-    return {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_ENGINE": f"{ROOT}/tests/seam_engine.py:SeamEngine",
-            "AGENT_TEST_TRIAL_S": str(trial_s), "AGENT_HEARTBEAT_S": "0.5", "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_TRIAL_S": str(trial_s), "AGENT_HEARTBEAT_S": "0.5",
+            "PYTHONUNBUFFERED": "1"}
 
 
 def agent(*args: str, env: dict, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, env=env, text=True,
+    return subprocess.Popen([*AGENT, *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **kw)
 
 
@@ -117,7 +119,7 @@ def consistent(ledger: Ledger, run_id: str, study_storage) -> list:
 
 
 def doctor(env: dict, run_id: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "agent.cli", "doctor", "--run", run_id], cwd=ROOT, env=env,
+    done = subprocess.run([*AGENT, "doctor", "--run", run_id], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stdout.splitlines() if "problem: " in line and "engine" not in line
              and "transformers" not in line and "disk" not in line and "GPU" not in line]
@@ -141,12 +143,12 @@ def test_two_hosts_share_one_run_through_postgresql(postgres, tmp_path):
     run, joined, ledger, run_id, found = x.run, x.joined, x.ledger, x.run_id, x.found
     # `agent status` on the joining host (no run lock there) reads the run from the database.
     wait_until(lambda: sum(1 for t in ledger.trials(run_id) if t.source == "sampler") >= 2)
-    seen = subprocess.run([sys.executable, "-m", "agent.cli", "status"], cwd=ROOT, capture_output=True, text=True,
+    seen = subprocess.run([*AGENT, "status"], cwd=ROOT, capture_output=True, text=True,
                           env={**env_for(x.home_b), "AGENT_STORAGE": x.url}, timeout=120).stdout
     assert f"run {run_id} (running, agent run pid {run.pid}" in seen, seen
     assert "  coordinator " in seen and "  worker " in seen and "(cores " not in seen, seen
     if len(os.sched_getaffinity(0)) > 1:   # a CPU host with fewer cores is refused at once, not left to crash
-        fewer = subprocess.run([sys.executable, "-m", "agent.cli", "worker", "--run", run_id], cwd=ROOT,
+        fewer = subprocess.run([*AGENT, "worker", "--run", run_id], cwd=ROOT,
                                env={**env_for(tmp_path / "c"), "AGENT_STORAGE": x.url}, capture_output=True,
                                text=True, timeout=120, preexec_fn=lambda: os.sched_setaffinity(0, {0}))
         assert fewer.returncode == 2 and "VLLM_CPU_OMP_THREADS_BIND: this host's choices" in fewer.stderr, fewer
@@ -177,18 +179,18 @@ def test_two_hosts_share_one_run_through_postgresql(postgres, tmp_path):
     # The defaults measured on both devices are all in the baseline (device spread is part of the noise).
     assert {t.worker_id for t in trials if t.source == "device"} == {joiner.id}
     # agent ledger sql stays read-only on PostgreSQL; its reads work.
-    refused = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "sql", "delete from trials"], cwd=ROOT,
+    refused = subprocess.run([*AGENT, "ledger", "sql", "delete from trials"], cwd=ROOT,
                              env=x.env_a, capture_output=True, text=True)
     assert refused.returncode == 2 and "read-only" in refused.stderr.replace("\n", " "), refused.stderr
-    sneaked = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "sql", "commit; delete from trials"],
+    sneaked = subprocess.run([*AGENT, "ledger", "sql", "commit; delete from trials"],
                              cwd=ROOT, env=x.env_a, capture_output=True, text=True)
     assert sneaked.returncode == 2 and "one statement at a time" in sneaked.stderr, sneaked.stderr
     assert len(ledger.trials(run_id)) == len(trials)
-    counted = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "sql", "select count(*) from trials"],
+    counted = subprocess.run([*AGENT, "ledger", "sql", "select count(*) from trials"],
                              cwd=ROOT, env=x.env_a, capture_output=True, text=True)
     assert str(len(trials)) in counted.stdout
     doctor(x.env_a, run_id)
-    ledger_text = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "--json"], cwd=ROOT, env=x.env_a,
+    ledger_text = subprocess.run([*AGENT, "ledger", "--json"], cwd=ROOT, env=x.env_a,
                                  capture_output=True, text=True).stdout
     no_secret_anywhere(tmp_path, ledger_text + out_a + out_b, repo)
 
@@ -238,7 +240,7 @@ def test_the_database_going_away_stops_workers_cleanly_with_a_resume_hint(postgr
     for p in (run, joined):
         with pytest.raises(ProcessLookupError):
             os.killpg(p.pid, 0)
-    resumed = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--resume", run_id], cwd=ROOT,
+    resumed = subprocess.run([*AGENT, "run", "--resume", run_id], cwd=ROOT,
                              env=x.env_a, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     consistent(ledger, run_id, found.study())
@@ -290,7 +292,7 @@ def test_the_coordinator_killed_takes_its_local_workers_with_it(tmp_path):
     row = wait_until(lambda: next(w for w in ledger.workers(run_id) if w.id == helper.id))
     assert row.status == "stopped", row.status
     assert not [t for t in ledger.trials(run_id, status="running") if t.worker_id == helper.id]
-    resumed = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--resume", run_id], cwd=ROOT, env=env,
+    resumed = subprocess.run([*AGENT, "run", "--resume", run_id], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     trials = consistent(ledger, run_id, storages.resolve(None, home).study())

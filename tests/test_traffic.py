@@ -271,9 +271,9 @@ def test_a_run_on_user_traffic_keeps_held_out_requests_out_of_search_and_prompts
              **({"temperature": 0.8} if i % 2 else {"temperature": 0})} for i in range(120)]
     source = write_jsonl(tmp_path / "mine.jsonl", rows)
     home, specs = tmp_path / "home", tmp_path / "specs.jsonl"
-    env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_ENGINE": f"{ROOT}/tests/seam_engine.py:SeamEngine",
-           "AGENT_TEST_TRIAL_S": "0.05", "AGENT_TEST_SPECS": str(specs)}
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--budget", "25s", "--traffic", str(source),
+    env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_TRIAL_S": "0.05", "AGENT_TEST_SPECS": str(specs)}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "agent_with_seam_engine.py"), "run", "--budget", "25s",
+                           "--traffic", str(source),
                            "--model", str(embedded_model), "--max-trials", "6"],
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

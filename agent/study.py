@@ -1,0 +1,132 @@
+"""The one seam to Optuna: the run's study with its sampler, and what each trial is told.
+
+Optuna learns three things from a finished trial: its value, its state and its constraint (0:
+feasible, 1: failed or lost quality). TPE stores the constraint when the trial is told, through
+the sampler's constraints function; a trial told without one ranks below every other trial, and
+a pruned trial without an intermediate value below every other pruned one. So every tell goes
+through `tell` here, with the value and the constraint its ledger row holds (`told`), whichever
+process tells it: the loop after measuring, a worker stopped between its record and its tell
+(`recorded` and `tell_row`), or a resume after a crash.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import optuna
+
+from agent.ledger import Trial
+
+# multivariate/group/constraints TPE are marked experimental; they are what this loop needs.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+STARTUP_TRIALS = 4  # TPE's random start-up points, taken by one-knob changes from the defaults instead
+State = optuna.trial.TrialState
+
+
+def sampler(seed: int, kind: str = "tpe", constraints: Callable | None = None) -> optuna.samplers.BaseSampler:
+    """constraints: how a finished trial's constraint is read (default: the user attribute `tell` sets;
+    `recorded` reads the ledger's column instead, so both tell Optuna the one value computed per trial)."""
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    # Failures are told as infeasible through the constraint, so TPE learns which regions do not run.
+    # A narrowed knob is sampled on its own (Optuna's documented fallback), hence no warning for it.
+    # constant_liar: with several workers, the points in flight count as bad ones, so two workers are
+    # not sent to the same place (with one worker nothing is in flight when it asks).
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,
+                                      warn_independent_sampling=False, constant_liar=True,
+                                      constraints_func=constraints or (lambda t: t.user_attrs.get("constraint", [1.0])))
+
+
+def open(run_id: str, storage, seed: int, kind: str = "tpe") -> optuna.Study:
+    """The run's study, created by the first process that asks (the others load it)."""
+    for _ in range(3):
+        try:
+            return optuna.create_study(study_name=run_id, storage=storage, direction="maximize",
+                                       load_if_exists=True, sampler=sampler(seed, kind))
+        except optuna.exceptions.DuplicatedStudyError:   # created by another worker in the same instant
+            continue
+    return optuna.load_study(study_name=run_id, storage=storage, sampler=sampler(seed, kind))
+
+
+def recorded(run_id: str, storage, rows: list[Trial]) -> optuna.Study | None:
+    """The run's study loaded to tell finished ledger rows what they recorded: the sampler reads each
+    trial's constraint from its row. None when the study is missing (a ledger copied without it)."""
+    by_number = {t.optuna_number: t for t in rows if t.optuna_number is not None}
+
+    def constraints(ft: optuna.trial.FrozenTrial) -> list[float]:
+        row = by_number.get(ft.number)
+        return [row.constraint if row is not None and row.constraint is not None
+                else ft.user_attrs.get("constraint", [1.0])[0]]
+
+    try:
+        return optuna.load_study(study_name=run_id, storage=storage,
+                                 sampler=optuna.samplers.TPESampler(constraints_func=constraints))
+    except KeyError:
+        return None
+
+
+def told(row: Trial) -> tuple[float, float]:
+    """What Optuna is told of a finished trial: (value, constraint), both from its ledger row."""
+    value = row.claimed_ratio if row.status in ("ok", "pruned") else 0.0
+    return value, row.constraint if row.constraint is not None else 1.0
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, value: float, constraint: float, pruned: bool = False) -> None:
+    """A pruned trial is told as Optuna's PRUNED, its partial ratio reported as its last value."""
+    trial.set_user_attr("constraint", [constraint])
+    if pruned:
+        trial.report(value, step=0)
+        study.tell(trial, state=State.PRUNED)
+    else:
+        study.tell(trial, value)
+
+
+def tell_row(study: optuna.Study, number: int, row: Trial) -> None:
+    """Tell Optuna trial `number` what a finished ledger row says, as the loop would have."""
+    # A trial asked by another process is reached by its id; Study has no public way from a number.
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    tell(study, optuna.trial.Trial(study, trial_id), *told(row), pruned=row.status == "pruned")
+
+
+def fail(study: optuna.Study, number: int) -> bool:
+    """Tell a trial FAIL (its process is gone); False when it was told already."""
+    try:
+        study.tell(number, state=State.FAIL)
+        return True
+    except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+        return False
+
+
+def running(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(State.RUNNING,))
+
+
+def waiting(study: optuna.Study) -> bool:
+    return bool(study.get_trials(deepcopy=False, states=(State.WAITING,)))
+
+
+def enqueue(study: optuna.Study, proposals: list) -> None:
+    for p in proposals:
+        study.enqueue_trial(p.params, user_attrs={"source": "planner", "rationale": p.rationale,
+                                                  "expected": p.expected, "knobs": list(p.params)})
+
+
+def told_so_far(study: optuna.Study, sampler_per_planner: int) -> tuple[dict[str, tuple[float, float]], int]:
+    """What the study already knows, so a resumed or repeated call goes on where the last one stopped.
+
+    Returns each told point's (value, constraint) and how many sampler trials followed the last
+    planner trial (the planner goes first when there is none).
+    """
+    done = study.get_trials(deepcopy=False, states=(State.COMPLETE, State.PRUNED))
+    seen = {repr(sorted(t.params.items())): (t.value if t.value is not None else t.intermediate_values.get(0, 0.0),
+                                             (t.user_attrs.get("constraint") or
+                                              t.system_attrs.get("constraints") or [1.0])[0]) for t in done}
+    since = 0
+    for t in reversed(done):
+        if t.user_attrs.get("source") == "planner":
+            return seen, since
+        since += 1
+    return seen, sampler_per_planner
