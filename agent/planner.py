@@ -10,6 +10,7 @@ reaches the study; one that is not a valid point is dropped, never passed on.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,7 +68,12 @@ CAPACITY_KNOBS = ("max-num-seqs", "max-num-batched-tokens", "max-model-len", "gp
 
 
 def _tried(history: list[Trial]) -> set[str]:
-    return {repr(sorted(t.params.items())) for t in history}
+    """Points measured, refused or skipped. A point whose trial was interrupted (the agent killed, its
+    worker lost) was not measured: it is proposed again once, not a second time (a point that takes
+    the agent down with it must not do so all night)."""
+    key = lambda t: repr(sorted(t.params.items()))  # noqa: E731
+    interrupted = Counter(key(t) for t in history if t.status == "interrupted")
+    return {key(t) for t in history if t.status != "interrupted"} | {k for k, n in interrupted.items() if n > 1}
 
 
 class BuiltinPlanner:

@@ -190,6 +190,33 @@ def test_interrupt_ends_the_trial_in_flight_and_stops_cleanly(tmp_path):
     assert ledger.run("r2").status == "stopped" and ledger.run("r2").finished_at
 
 
+def test_a_candidate_interrupted_by_a_stop_is_measured_again_after_the_resume(tmp_path):
+    """Stopped inside core binding, the night's best move (the 4th evaluation: two baseline instances,
+    the A/A, then the planner's first candidate), then resumed as `agent run --resume` does (repair,
+    then the loop again): the interrupted row stays, and the same point is measured under a new
+    trial number before the deadline."""
+    from agent import recovery
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    space = spaces.load("vllm-cpu")
+    repo = gitops.open_repo(tmp_path / "p", create=True)
+    storage = f"sqlite:///{tmp_path / 'o.sqlite'}"
+    run = ledger.add(Run(id="r7", deadline_at=budget.deadline_after(60).isoformat(), model="m", space_path=space.path,
+                         space_hash=space.hash, workload="smoke", repo=str(repo.working_dir),
+                         settings={"home": str(tmp_path)}))
+    settings = Settings(model="m", workload="smoke", max_trials=2, facts={"cpus": 2, "concurrency": 1})
+    with pytest.raises(KeyboardInterrupt):
+        run_search(run, settings, space, ledger, StopAt(4), repo, storage)
+    recovery.repair(ledger, ledger.run("r7"), storage, repo)
+    (cut,) = [t for t in ledger.trials("r7") if t.status == "interrupted"]
+    assert cut.source == "planner" and list(cut.params) == ["VLLM_CPU_OMP_THREADS_BIND"]
+    run_search(ledger.update(ledger.run("r7"), status="running"), settings, space, ledger, FakeEngine(), repo, storage)
+    again = [t for t in ledger.trials("r7") if t.params == cut.params and t.number > cut.number]
+    assert again and again[0].status == "ok" and again[0].source == "planner"
+    assert ledger.trial("r7", cut.number).status == "interrupted"   # the row of the cut trial stays
+    assert recovery.problems(ledger, ledger.run("r7"), storage, repo) == []
+
+
 def test_verify_re_measures_a_branch_against_the_defaults(night):
     from agent.verify import verify
 

@@ -26,6 +26,16 @@ def test_uses_every_core_first_and_never_repeats_a_tried_point():
     assert all(p.params != first[0].params for p in propose(tried))
 
 
+def test_a_point_interrupted_by_a_crash_is_proposed_again_once():
+    """Core binding killed in its benchmark (the agent SIGKILLed, then resumed): it was never measured,
+    so the resumed run proposes it again; interrupted twice, it is left alone."""
+    bind = propose([trial(0, {}, passed=None)])[0].params
+    once = [trial(0, {}, passed=None), trial(1, bind, passed=None, status="interrupted")]
+    assert propose(once)[0].params == bind
+    twice = once + [trial(2, bind, passed=None, status="interrupted")]
+    assert all(p.params != bind for p in propose(twice))
+
+
 def test_speculation_only_for_few_streams_and_k_follows_acceptance():
     assert not [p for p in propose([trial(0, {})], concurrency=16) if "speculative-config.method" in p.params]
     ngram = {"speculative-config.method": "ngram", "speculative-config.num_speculative_tokens": 4,
