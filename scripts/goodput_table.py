@@ -100,10 +100,15 @@ def main() -> int:
                              "on a synthetic file of 14 N requests: agent traffic random's lengths, prompts about "
                              "256 tokens, outputs about 128, range ratio 0.5, temperature 0.8")
     parser.add_argument("--requests", type=int, metavar="N", help="requests a rate point in every profile")
+    parser.add_argument("--slo-ttft-p99-ms", type=float, metavar="MS", help="the TTFT SLO in every profile")
+    parser.add_argument("--slo-itl-p99-ms", type=float, metavar="MS",
+                        help="the ITL SLO in every profile (a slow CPU serves one stream at 120 ms a token: "
+                             "CPU_SLOS' 100 ms then holds at no rate)")
     args = parser.parse_args()
     plan = GPU if args.gpu else CPU
-    if args.requests:
-        plan["profiles"] = {k: {**v, "num_prompts": args.requests} for k, v in plan["profiles"].items()}
+    override = {k: v for k, v in (("num_prompts", args.requests), ("slo_ttft_p99_ms", args.slo_ttft_p99_ms),
+                                  ("slo_itl_p99_ms", args.slo_itl_p99_ms)) if v}
+    plan["profiles"] = {k: {**v, **override} for k, v in plan["profiles"].items()}
     out = ROOT / "runs" / "goodput-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     if args.synthetic:
