@@ -686,11 +686,11 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
 def _interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why: str) -> None:
     from agent import study as studies
 
-    study = studies.recorded(row.id, _storage(), [])
+    study = studies.recorded(row.id, _storage(), ledger.trials(row.id))   # loaded once, for both
     for t in ledger.trials(row.id, status="running"):
         if t.worker_id == me.id:
             crew.interrupt(ledger, t, study, home, why)
-    crew.settle(ledger, row, _storage(), me)   # stopped between a record and its tell
+    crew.settle(ledger, row, study, me)   # stopped between a record and its tell
     if ledger.run(row.id).status != "running":
         crew.refuse_leftovers(ledger, row.id, me.id)
 

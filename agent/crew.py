@@ -138,16 +138,14 @@ def interrupt(ledger: Ledger, t: Trial, study: optuna.Study | None, home: Path |
 FINISHED = ("ok", "failed", "skipped", "pruned")
 
 
-def settle(ledger: Ledger, run: Run, storage, me: Worker) -> list[str]:
+def settle(ledger: Ledger, run: Run, study: optuna.Study | None, me: Worker) -> list[str]:
     """A stopping worker's finished rows whose Optuna trials are still RUNNING: told as recorded, with
-    the value, state and constraint the loop would have told."""
-    rows = ledger.trials(run.id)
-    study = studies.recorded(run.id, storage, rows)
+    the value, state and constraint the loop would have told (the study as `studies.recorded` loads it)."""
     if study is None:
         return []
     done = []
     running = {ft.number for ft in studies.running(study)}
-    for t in rows:
+    for t in ledger.trials(run.id):
         if t.worker_id == me.id and t.optuna_number in running and t.status in FINISHED:
             studies.tell_row(study, t.optuna_number, t)
             done.append(f"optuna trial {t.optuna_number}: told what trial {t.number} recorded")

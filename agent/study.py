@@ -12,7 +12,6 @@ process tells it: the loop after measuring, a worker stopped between its record 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 
 import optuna
 
@@ -26,9 +25,9 @@ STARTUP_TRIALS = 4  # TPE's random start-up points, taken by one-knob changes fr
 State = optuna.trial.TrialState
 
 
-def sampler(seed: int, kind: str = "tpe", constraints: Callable | None = None) -> optuna.samplers.BaseSampler:
-    """constraints: how a finished trial's constraint is read (default: the user attribute `tell` sets;
-    `recorded` reads the ledger's column instead, so both tell Optuna the one value computed per trial)."""
+def sampler(seed: int, kind: str = "tpe") -> optuna.samplers.BaseSampler:
+    """The run's sampler; a finished trial's constraint is read from the user attribute `tell` sets
+    (`recorded` reads the ledger's column instead: both are the one value computed per trial)."""
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     # Failures are told as infeasible through the constraint, so TPE learns which regions do not run.
@@ -37,7 +36,7 @@ def sampler(seed: int, kind: str = "tpe", constraints: Callable | None = None) -
     # not sent to the same place (with one worker nothing is in flight when it asks).
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=STARTUP_TRIALS,
                                       warn_independent_sampling=False, constant_liar=True,
-                                      constraints_func=constraints or (lambda t: t.user_attrs.get("constraint", [1.0])))
+                                      constraints_func=lambda t: t.user_attrs.get("constraint", [1.0]))
 
 
 def open(run_id: str, storage, seed: int, kind: str = "tpe") -> optuna.Study:
