@@ -4,6 +4,7 @@ and the chat example: what the meter choice does to a config's ratio.
     .venv/bin/python scripts/traffic_table.py                    # CPU: defaults, core binding, binding + ngram
     .venv/bin/python scripts/traffic_table.py --only defaults,no-prefix-cache --workloads conversations-cpu,chat-cpu
     python3 scripts/traffic_table.py --gpu                       # GPU: defaults, ngram, ngram_gpu with async scheduling
+    python3 scripts/traffic_table.py --gpu --levers --repeats 3  # GPU: one stream's levers, one at a time
 
 One fresh server per config (the space's fixed flags, the workloads' context length, the shipped
 Gemma chat template); on it, for each workload, its warm-ups, then `--repeats` measured phases of
@@ -20,6 +21,7 @@ import asyncio
 import json
 import statistics
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -48,6 +50,21 @@ GPU = {
                                     {})},
     "workloads": ["challenge-short", "default", "chat-cpu"],
 }
+# The levers a GPU expert tries first on one stream of short sampled requests (issue 25), each
+# against the defaults on the realistic default, the challenge meter a second column; the defaults
+# measured on a second instance last, so the table shows one instance's spread beside the ratios.
+GPU_LEVERS = {
+    "fixed": ({"max-model-len": 4096}, {}),
+    "configs": {"defaults": ({}, {}),
+                "stream-interval-8": ({"stream-interval": 8}, {}),
+                "no-async": ({"async-scheduling": False}, {}),
+                "full-decode-only": ({"compilation-config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}),
+                "triton-attn": ({"attention-backend": "TRITON_ATTN"}, {}),
+                "torch-sampler": ({}, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}),
+                "defaults-again": ({}, {})},
+    "workloads": ["default", "challenge-short"],
+    "repeats": {"challenge-short": 1},   # the second column: one phase of 24 x 256 tokens
+}
 
 
 def measure(server: Server, name: str, repeats: int) -> dict:
@@ -72,12 +89,13 @@ def measure(server: Server, name: str, repeats: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="the GPU configs and workloads")
+    parser.add_argument("--levers", action="store_true", help="the GPU levers for one stream (with --gpu)")
     parser.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--only", help="comma-separated config names")
     parser.add_argument("--workloads", help="comma-separated workload names (default: the plan's)")
     args = parser.parse_args()
-    plan = GPU if args.gpu else CPU
+    plan = (GPU_LEVERS if args.levers else GPU) if args.gpu else CPU
     if args.workloads:
         plan["workloads"] = args.workloads.split(",")
     out = ROOT / "runs" / "traffic-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -90,10 +108,12 @@ def main() -> int:
         server = Server(args.model, argv_of({**fixed_flags, **flags}) + ["--chat-template", str(DATA / "traffic" / "gemma-chat.jinja")],
                         {**fixed_env, **env}, out / f"{config}.server.log")
         try:
+            began = time.monotonic()
             server.start()
             server.wait_ready(900)
+            print(f"{config}: ready in {time.monotonic() - began:.0f} s", flush=True)
             for name in plan["workloads"]:
-                row = {"config": config, **measure(server, name, args.repeats)}
+                row = {"config": config, **measure(server, name, plan.get("repeats", {}).get(name, args.repeats))}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 with open(out / "rows.jsonl", "a") as f:
