@@ -497,10 +497,13 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
 
     o = {**DEFAULTS, **row.settings}  # a run written by an older version lacks the newer settings
     meter = load_workload(o.get("workload_spec") or row.workload)
+    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
+    space = _space(space_path, o.get("draft_models") or [], exact=o["exact"], max_model_len=o.get("max_model_len"))
     gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
                         kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
                         itl_p99_ms_max=o["slo_itl_p99_ms"],
-                        max_instances=o["max_instances"], exact=o["exact"])
+                        max_instances=o["max_instances"], exact=o["exact"],
+                        noise_prior_sd=space.noise_prior[0], noise_prior_df=space.noise_prior[1])
     settings = Settings(model=_model_here(row, o), workload=o.get("workload_spec") or row.workload,
                         quality=o["quality"], quality_text=o.get("quality_text"), gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
@@ -510,8 +513,6 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
                         facts={**hardware(), "concurrency": meter.concurrency,
                                "max_tokens": max(r.max_tokens for r in meter.measured(0)),
                                "sampled_share": meter.summary()["sampled_share"]})
-    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
-    space = _space(space_path, o.get("draft_models") or [], exact=o["exact"], max_model_len=o.get("max_model_len"))
     if space.hash != row.space_hash:
         raise fail(f"{row.space_path} on this host is not the space run {row.id} searches (hash {space.hash}, "
                    f"the run's {row.space_hash})")

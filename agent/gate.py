@@ -46,6 +46,8 @@ class GateSettings:
     max_instances: int = 16            # fresh candidate instances at most in one held-out decision
     exact: bool = False                # greedy outputs must match token for token (batch-invariant mode)
     noisy: float = 0.06                # instance log-sd above which the defaults get more instances...
+    noise_prior_sd: float = 0.0        # the instance noise known before the run (the space's noise_prior):
+    noise_prior_df: int = 0            # ...worth this many degrees of freedom; 0: the run's own instances alone
     max_defaults: int = 6              # ...up to this many (the baseline's, the A/A's and later ones)
 
 
@@ -225,6 +227,7 @@ class Baseline:
     drift: float = 1.0                  # the machine's speed now relative to the baseline's
     noise_groups: tuple = ()            # further groups of instances of one config (see stats.pooled_noise)
     unscreened: tuple = ()              # search figures of the defaults kept out of the screen (the A/A's)
+    prior: Noise = Noise(0.0, 0)        # the instance noise known before the run (GateSettings.noise_prior_*)
 
     @property
     def tps(self) -> float:
@@ -241,6 +244,12 @@ class Baseline:
 
     @property
     def noise(self) -> Noise:
+        """The instance noise every bound uses: the run's own instances and the prior together."""
+        return pooled_noise(self.groups, self.prior)
+
+    @property
+    def measured_noise(self) -> Noise:
+        """The run's own instances alone: what this machine showed."""
         return pooled_noise(self.groups)
 
 
@@ -400,7 +409,7 @@ def decide(first: float, base: Baseline, settings: GateSettings, more_candidate:
                 return Decision(False, [f"no instance of the defaults on the held-out prompts: {e}"],
                                 compare(candidate, candidate, Noise(0.0, 0)), candidate, extras)
             continue
-        noise = pooled_noise([*base.groups, candidate, extras])
+        noise = pooled_noise([*base.groups, candidate, extras], base.prior)
         c = compare(candidate, defaults, noise, settings.level, base.drift)
         why = (f"held-out {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] from {len(candidate)} fresh instance(s) "
                f"against {len(defaults)} of the defaults")
@@ -471,7 +480,8 @@ def baseline_of(instances: list[Instance], settings: GateSettings, extras: tuple
     heldout = [*([aa.heldout_tps] if aa and aa.heldout_tps else []), *extras]
     return Baseline(search=[i.tps for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls), reference=reference,
                     calibration=calibrate(reference, others, settings.exact),
-                    noise_groups=(tuple(heldout),) if heldout else (), unscreened=(aa.tps,) if aa else ())
+                    noise_groups=(tuple(heldout),) if heldout else (), unscreened=(aa.tps,) if aa else (),
+                    prior=Noise(settings.noise_prior_sd, settings.noise_prior_df))
 
 
 @dataclass(frozen=True)
@@ -519,4 +529,4 @@ def more_defaults_wanted(base: Baseline, aa: AAVerdict, added_after_aa: int, set
     a few instances leave every bound wide and the estimate of the noise itself uncertain."""
     if len(base.search) + len(base.unscreened) >= settings.max_defaults:
         return False
-    return (aa.add_instances and added_after_aa == 0) or base.noise.sd > settings.noisy
+    return (aa.add_instances and added_after_aa == 0) or base.measured_noise.sd > settings.noisy

@@ -30,8 +30,10 @@ def _line(event: str, info: dict) -> str | None:
         cal = info["calibration"]
         rule = (f"greedy rule {cal['rule']}, tau {cal['tau']:.3f} nats, up to {cal['flips_allowed']} near-tie flips"
                 if cal["rule"] == "calibrated" else "greedy rule exact")
+        prior = (f"; with the space's prior ±{info['prior'][0]:.1%} worth {info['prior'][1]} df, bounds use "
+                 f"±{info['bound_noise']:.1%}" if info.get("prior") and info["prior"][1] else "")
         return escape(f"baseline: {info['tps']:.2f} {info.get('unit', 'tok/s')} (instances {instances}; noise ±{info['noise']:.1%} "
-                      f"log-sd, {info['df']} df), ppl {info['ppl']:.4f}; {rule}")
+                      f"log-sd, {info['df']} df{prior}), ppl {info['ppl']:.4f}; {rule}")
     if event == "plan":
         return escape(plan_line(info))
     if event == "fewer_defaults":

@@ -553,12 +553,13 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
         if t.source == "baseline" and t.status == "ok":
             ledger.update(t, tps_ratio=round(t.tps / base.tps, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
                           gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
-    noise = base.noise
+    noise = base.measured_noise   # what this machine showed; the bounds add the space's prior (base.noise)
     ledger.update(run, baseline_tps=round(base.tps, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
                   noise_df=noise.df, calibration={**(run.calibration or {}), **base.calibration.as_dict(),
-                                                  "aa": verdict.line})
+                                                  "aa": verdict.line, "noise_prior": base.prior.as_dict()})
     say("baseline", tps=base.tps, ppl=base.ppl, noise=noise.sd, df=noise.df, instances=base.search,
-        calibration=base.calibration.as_dict(), unit=gate.unit((run.settings or {}).get("traffic")))
+        calibration=base.calibration.as_dict(), unit=gate.unit((run.settings or {}).get("traffic")),
+        prior=(base.prior.sd, base.prior.df), bound_noise=base.noise.sd)
     return base
 
 
@@ -782,7 +783,7 @@ def slower_than_proposed(row: Trial, history: list[Trial], base: Baseline, setti
     """A candidate slower than a branch already proposed, on the same search prompts and beyond the
     noise, cannot be branched whatever its held-out decision says: no fresh servers for it."""
     # Every config's repeated held-out instances are more evidence of the instance noise.
-    noise = pooled_noise([*base.groups, *(t.heldout_instances for t in history if t.heldout_instances)])
+    noise = pooled_noise([*base.groups, *(t.heldout_instances for t in history if t.heldout_instances)], base.prior)
     for other in (t for t in history if t.branch and t.tps):
         c = compare([row.tps], [other.tps], noise, settings.level)
         if c.high < 1:
@@ -794,7 +795,7 @@ def slower_than_proposed(row: Trial, history: list[Trial], base: Baseline, setti
 def dominated_by(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:
     claim = lambda t: t.heldout_instances or ([t.tps] if t.tps else [])  # noqa: E731
     for other in (t for t in history if t.branch):
-        noise = pooled_noise([*base.groups, claim(row), claim(other)])
+        noise = pooled_noise([*base.groups, claim(row), claim(other)], base.prior)
         c = compare(claim(row), claim(other), noise, settings.level)
         if c.low > 1:
             continue

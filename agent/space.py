@@ -96,6 +96,7 @@ class Space:
     fixed_env: dict[str, str]
     rules: tuple[Rule, ...]
     hash: str
+    noise_prior: tuple[float, int] = (0.0, 0)   # instance log-sd known for this engine, and its weight in df
 
     def sample(self, trial: optuna.Trial) -> dict:
         """Define-by-run: knobs in file order, conditional ones only where they apply."""
@@ -294,7 +295,8 @@ def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
         raise SpaceError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("knobs"), dict):
         raise SpaceError(f"{path}: expected a mapping with a 'knobs' mapping")
-    if unknown := sorted(set(raw) - {"engine", "engine_version", "fixed", "knobs", "rules", "host"}):
+    if unknown := sorted(set(raw) - {"engine", "engine_version", "fixed", "knobs", "rules", "host",
+                                        "noise_prior"}):
         raise SpaceError(f"{path}: unknown key {unknown[0]!r}")
     knobs = {name: _knob(f"{path}: knobs.{name}", name, k) for name, k in raw["knobs"].items()}
     for name, knob in knobs.items():
@@ -319,4 +321,16 @@ def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
         knobs = _drop_for_host(f"{path}: host[{i}]", h, knobs, cpu_flags)
     digest = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Space(path=str(path), engine=str(raw.get("engine", "")), engine_version=str(raw.get("engine_version", "")),
-                 knobs=knobs, fixed_flags=fixed_flags, fixed_env=fixed_env, rules=tuple(rules), hash=digest)
+                 knobs=knobs, fixed_flags=fixed_flags, fixed_env=fixed_env, rules=tuple(rules), hash=digest,
+                 noise_prior=_noise_prior(f"{path}: noise_prior", raw.get("noise_prior")))
+
+
+def _noise_prior(where: str, raw: Any) -> tuple[float, int]:
+    """{sd: log-sd between server instances, df: how many instances' worth it counts for}."""
+    if raw is None:
+        return 0.0, 0
+    sd, df = (raw.get("sd"), raw.get("df")) if isinstance(raw, dict) and set(raw) <= {"sd", "df"} else (None, None)
+    if not (isinstance(sd, (int, float)) and not isinstance(sd, bool) and 0 < sd < 1
+            and isinstance(df, int) and not isinstance(df, bool) and 1 <= df <= 20):
+        raise SpaceError(f"{where}: {raw!r} is not {{sd: a log-sd between 0 and 1, df: an integer from 1 to 20}}")
+    return float(sd), df

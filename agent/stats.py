@@ -40,10 +40,15 @@ class Noise:
         return {"sd": round(self.sd, 5), "df": self.df}
 
 
-def pooled_noise(groups: list[list[float]]) -> Noise:
+def pooled_noise(groups: list[list[float]], prior: Noise | None = None) -> Noise:
     """Pool the log-scale spread of several groups of TPS figures, each group instances of one
-    config measured on one prompt split (each instance in one group only)."""
-    squares, df = 0.0, 0
+    config measured on one prompt split (each instance in one group only).
+
+    A prior (the spread measured on earlier runs of this engine on machines of this kind, worth
+    `prior.df` instances) joins as that many degrees of freedom at its own spread: the conjugate
+    scaled inverse chi-square prior on the variance, whose posterior predictive is Student's t with
+    the summed degrees of freedom. A run's own instances outweigh it as they accumulate."""
+    squares, df = (prior.df * prior.sd ** 2, prior.df) if prior and prior.df > 0 else (0.0, 0)
     for group in groups:
         logs = [math.log(x) for x in group if x and x > 0]
         if len(logs) >= 2:

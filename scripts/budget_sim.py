@@ -26,6 +26,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: 
 
 import agent.loop as loop  # noqa: E402
 from agent import gitops, space as spaces  # noqa: E402
+from agent.gate import GateSettings  # noqa: E402
 from agent.ledger import Ledger, Run  # noqa: E402
 from agent.loop import BaselineFailed, Settings, run_search  # noqa: E402
 from sim_engine import SimulatedEngine  # noqa: E402
@@ -46,16 +47,19 @@ def on_clock(engine: SimulatedEngine, budget_s: float) -> None:
 
 
 def one_run(seed: int, home: Path, budget_s: float, noise: float, start_s: tuple, quality_s: float,
-            bench_tokens: int) -> dict:
+            bench_tokens: int, prior: bool, binding: float) -> dict:
     space = spaces.load("vllm-cpu")
-    engine = SimulatedEngine(seed=seed, noise=noise, start_s=start_s, quality_s=quality_s, bench_tokens=bench_tokens)
+    engine = SimulatedEngine(seed=seed, noise=noise, start_s=start_s, quality_s=quality_s, bench_tokens=bench_tokens,
+                             binding=binding)
     on_clock(engine, budget_s)
     ledger, repo = Ledger(home / "ledger.sqlite"), gitops.open_repo(home / "proposals", create=True)
     run = ledger.add(Run(id="r", model="sim", space_path=space.path, space_hash=space.hash, workload="default-cpu",
                          repo=str(repo.working_dir), settings={"home": str(home)}, started_at=START.isoformat(),
                          deadline_at=(START + timedelta(seconds=budget_s)).isoformat()))
     settings = Settings(model="sim", workload="default-cpu", seed=seed,
-                        facts={"cpus": 2, "concurrency": 1, "sampled_share": 0.6})
+                        facts={"cpus": 2, "concurrency": 1, "sampled_share": 0.6},
+                        **({"gate": GateSettings(noise_prior_sd=space.noise_prior[0], noise_prior_df=space.noise_prior[1])}
+                           if prior else {}))
     decided, committed, stopped = None, None, None
 
     def note(event, **info):
@@ -88,18 +92,20 @@ def main() -> int:
     parser.add_argument("--quality-s", type=float, default=66.0)
     parser.add_argument("--bench-tokens", type=int, default=180, help="output tokens a repeat (10 tok/s defaults)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/budget-sim"))
+    parser.add_argument("--binding", type=float, default=1.5, help="core binding's true gain (measured 1.26-1.45x)")
+    parser.add_argument("--no-prior", action="store_true", help="ignore the space's noise_prior (as before it)")
     parser.add_argument("--verbose", action="store_true", help="print each held-out decision's last reason")
     args = parser.parse_args()
     rows = [one_run(seed, args.out / datetime.now().strftime("%H%M%S%f") / str(seed), args.budget_min * 60, args.noise,
-                    tuple(args.start_s), args.quality_s, args.bench_tokens) for seed in range(args.runs)]
+                    tuple(args.start_s), args.quality_s, args.bench_tokens, not args.no_prior, args.binding) for seed in range(args.runs)]
     decided = [r["decided"] / 60 for r in rows if r["decided"] is not None]
     committed = [r["committed"] / 60 for r in rows if r["committed"] is not None]
     stopped = [r["stopped"] for r in rows if r["stopped"]]
     median = lambda xs: f"{statistics.median(xs):.1f}" if xs else "-"  # noqa: E731
-    print(f"| code | runs | budget | first decision reached | its minute (median) | first win committed | "
+    print(f"| code | runs | budget | binding | first decision reached | its minute (median) | first win committed | "
           f"its minute (median) | stopped early (minute, median) | candidates a run (mean) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| {Path(loop.__file__).resolve().parents[1]} | {args.runs} | {args.budget_min:g} min | "
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| {Path(loop.__file__).resolve().parents[1]}{' (no prior)' if args.no_prior else ''} | {args.runs} | {args.budget_min:g} min | {args.binding:g}x | "
           f"{len(decided)} | {median(decided)} | {len(committed)} | {median(committed)} | "
           f"{len(stopped)} ({median([s[0] / 60 for s in stopped])}) | "
           f"{statistics.fmean(r['candidates'] for r in rows):.2f} |")

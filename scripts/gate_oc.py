@@ -108,6 +108,8 @@ def main() -> None:
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--noise", type=float, nargs="*", default=[0.07, 0.15])
+    parser.add_argument("--after-only", action="store_true", help="the gate as it is, without the old rules' rows")
+    parser.add_argument("--no-flips", action="store_true", help="the CPU build's case only (no near-tie flips)")
     parser.add_argument("--set", nargs="*", default=[], help="gate settings to try instead of the defaults, "
                         "e.g. level=0.99 max_instances=6 baseline_instances=3")
     args = parser.parse_args()
@@ -126,10 +128,10 @@ def main() -> None:
           "| A/A passes |")
     print("|---|---|---|---|---|---|---|")
     for sd in args.noise:
-        for flips, rate in (("none", 0.0), ("near-ties", 0.5)):
+        for flips, rate in (("none", 0.0),) + ((("near-ties", 0.5),) if not args.no_flips else ()):
             for gain in (1.0, 1.3):
                 truth = "no gain" if gain == 1.0 else "1.3x lossless"
-                for name in ("before", "after"):
+                for name in ("after",) if args.after_only else ("before", "after"):
                     accepted, spent, aa = 0, [], 0
                     for i in range(args.decisions):
                         engine = SimulatedEngine(seed=args.seed * 1_000_003 + i, noise=sd, flip_rate=rate,

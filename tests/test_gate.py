@@ -220,3 +220,42 @@ def test_the_aa_instance_serves_held_out_decisions_and_stays_out_of_the_screen()
     d = decide(13.0, base, GateSettings(), lambda: 13.0, lambda: measured.append(9.6) or 9.6)
     # A clear gain is decided on one fresh instance of the candidate, against the A/A's held-out figure.
     assert d.accepted and measured == [] and d.comparison.defaults == 1 and d.candidate == [13.0]
+
+
+def test_a_noise_prior_counts_as_degrees_of_freedom_at_its_own_spread_and_fades_as_instances_come():
+    prior = gate.Noise(0.06, 6)
+    assert pooled_noise([], prior).df == 6 and pooled_noise([], prior).sd == pytest.approx(0.06)
+    few = pooled_noise([[10.0, 10.9, 9.2]], prior)           # a noisy machine's 2 df, log-sd about 0.085
+    alone = pooled_noise([[10.0, 10.9, 9.2]])
+    assert few.df == 8 and prior.sd < few.sd < alone.sd
+    many = pooled_noise([[10.0, 10.9, 9.2] * 10], prior)       # 29 df of the machine's own spread
+    assert abs(many.sd - pooled_noise([[10.0, 10.9, 9.2] * 10]).sd) < abs(few.sd - alone.sd)
+    # The bounds narrow with the degrees of freedom, not only with the spread.
+    assert compare([13.0], [10.0], few).low > compare([13.0], [10.0], alone).low
+
+
+def test_with_the_spaces_prior_a_clear_gain_is_decided_at_the_first_look_on_a_noisy_machine():
+    g = greedy(IDS)
+    first = [Instance(10.0, None, 8.0, g), Instance(10.9, None, 8.0, g)]
+    aa = Instance(9.4, 9.6, 8.0, g)
+    plain = baseline_of(first, GateSettings(), aa=aa)
+    primed = baseline_of(first, GateSettings(noise_prior_sd=0.06, noise_prior_df=6), aa=aa)
+    assert primed.measured_noise == plain.noise and primed.noise.df == plain.noise.df + 6
+    measured = []
+
+    def more_defaults():
+        measured.append(9.6)
+        return 9.6
+
+    # 1.45x on one fresh instance against the A/A's held-out figure: with 2 df of its own the bound
+    # cannot clear 1 at level 0.99 (t = 6.96); with the prior's 6 more it does, on that one look.
+    without = decide(13.9, plain, GateSettings(), lambda: 13.9, more_defaults)
+    assert measured and len(without.candidate) > 1
+    measured.clear()
+    with_prior = decide(13.9, primed, GateSettings(noise_prior_sd=0.06, noise_prior_df=6), lambda: 13.9, more_defaults)
+    assert with_prior.accepted and with_prior.candidate == [13.9] and measured == []
+    # The call for more instances of the defaults reads the machine's own noise, not the prior.
+    assert not gate.more_defaults_wanted(primed, judge_aa(aa, baseline_of(first, GateSettings()), GateSettings()), 0,
+                                         GateSettings(noisy=0.10))
+    assert gate.more_defaults_wanted(primed, judge_aa(aa, baseline_of(first, GateSettings()), GateSettings()), 0,
+                                     GateSettings(noisy=0.05))

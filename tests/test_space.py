@@ -70,6 +70,9 @@ def test_lossless_claims_count_only_knobs_that_differ_from_the_engine_defaults()
     ("knobs: {a: {type: bool, lossless: true}}\nrules: [{require: [a, '~', 1]}]", "rules[0].require"),
     ("knobs: [oops", "not valid YAML"),
     ("fixed: {flags: {port: 1}}\nknobs: {}", "fixed.flags.port"),
+    ("noise_prior: {sd: 6, df: 4}\nknobs: {}", "noise_prior: {'sd': 6, 'df': 4}"),
+    ("noise_prior: {sd: 0.06, df: 4.5}\nknobs: {}", "noise_prior"),
+    ("noise_prior: {sd: 0.06}\nknobs: {}", "noise_prior"),
 ])
 def test_broken_space_files_name_file_key_and_problem(tmp_path, body, needle):
     path = tmp_path / "space.yaml"
