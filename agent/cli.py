@@ -13,7 +13,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import optuna
 import typer
 from git import GitCommandError
 from rich.console import Console
@@ -21,7 +20,7 @@ from sqlalchemy.exc import OperationalError
 from rich.table import Table
 
 from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, recovery, refusals, space as spaces
-from agent import storage as storages
+from agent import storage as storages, study as studies
 from sandbox import model as embedded
 from agent.gate import GateSettings, unit
 from agent.loop import Settings
@@ -581,7 +580,7 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
                    f"finds nothing left: agent run --resume {row.id}", 1) from None
     except OperationalError as e:  # the database's transactions leave it consistent; only this run stops
         raise ledger_gone(ledger, row.id, e) from None
-    except (GitCommandError, optuna.exceptions.StorageInternalError) as e:
+    except (GitCommandError, studies.StorageError) as e:
         # A branch not written, or the study not told: the ledger row of the trial in flight says what
         # was measured; a resume repairs the study from the ledger and re-proposes what is missing.
         try:
@@ -668,7 +667,7 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
         _interrupt_mine(ledger, row, me, home, "its worker stopped on a dirty machine")
         raise fail(f"{e}. This worker stopped rather than blame the next config; check with agent doctor, then: "
                    f"{hint}", 1) from None
-    except (OperationalError, optuna.exceptions.StorageInternalError) as e:
+    except (OperationalError, studies.StorageError) as e:
         raise fail(f"the database {ledger.where} went away ({storages.first_line(e)}); worker {me.name} stopped "
                    f"and its trial in flight was ended (recorded as interrupted when the database is back). "
                    f"Then: {hint}", 1) from None
@@ -685,8 +684,6 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
 
 
 def _interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why: str) -> None:
-    from agent import study as studies
-
     study = studies.recorded(row.id, _storage(), ledger.trials(row.id))   # loaded once, for both
     for t in ledger.trials(row.id, status="running"):
         if t.worker_id == me.id:
@@ -883,14 +880,9 @@ def status(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
 
 
 def _report_html(ledger: ledgers.Ledger, row: ledgers.Run, trials: list, html_file: Path) -> None:
-    import optuna
-
     from agent.report_html import render
 
-    try:
-        study = optuna.load_study(study_name=row.id, storage=_storage())
-    except KeyError:   # a ledger copied without its study: the page says so in that section
-        study = None
+    study = studies.read(row.id, _storage())   # None: a ledger copied without its study (the page says so)
     try:
         repo = gitops.open_repo(Path(row.repo))
     except gitops.RepoError:

@@ -19,7 +19,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import optuna
 import psutil
 
 from agent import study as studies
@@ -97,7 +96,7 @@ def coordinator(workers: list[Worker]) -> Worker | None:
     return None
 
 
-def bury(ledger: Ledger, run: Run, study: optuna.Study | None, home: Path, say) -> list[str]:
+def bury(ledger: Ledger, run: Run, study: studies.Study | None, home: Path, say) -> list[str]:
     """Declare silent workers lost; their trials in flight become interrupted and their Optuna trials
     FAIL. Returns one line per thing done (nothing when another process did it first)."""
     done = []
@@ -119,7 +118,7 @@ def bury(ledger: Ledger, run: Run, study: optuna.Study | None, home: Path, say) 
     return done
 
 
-def interrupt(ledger: Ledger, t: Trial, study: optuna.Study | None, home: Path | None, why: str) -> list[str]:
+def interrupt(ledger: Ledger, t: Trial, study: studies.Study | None, home: Path | None, why: str) -> list[str]:
     """Record a trial in flight whose worker is gone as interrupted (once), tell its Optuna trial FAIL
     and, on this host, end whatever processes the trial left."""
     if not ledger.claim(Trial, t.id, {"status": "running"}, status="interrupted", failure_class="interrupted",
@@ -138,7 +137,7 @@ def interrupt(ledger: Ledger, t: Trial, study: optuna.Study | None, home: Path |
 FINISHED = ("ok", "failed", "skipped", "pruned")
 
 
-def settle(ledger: Ledger, run: Run, study: optuna.Study | None, me: Worker) -> list[str]:
+def settle(ledger: Ledger, run: Run, study: studies.Study | None, me: Worker) -> list[str]:
     """A stopping worker's finished rows whose Optuna trials are still RUNNING: told as recorded, with
     the value, state and constraint the loop would have told (the study as `studies.recorded` loads it)."""
     if study is None:

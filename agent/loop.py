@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-import optuna
 
 from agent import budget, crew, gate, gitops, proposal, refusals, study as studies
 from agent.budget import seconds_left
@@ -189,7 +188,7 @@ def work(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Eng
             break
 
 
-def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, study: optuna.Study,
+def candidate(run: Run, settings: Settings, space: Space, ledger: Ledger, engine: Engine, study: studies.Study,
               sampler_space: Space, seen: dict, step: Step, preflight, defaults: dict, repo, say: Callable,
               coordinator: bool) -> bool:
     """Ask the study for one point and try it; False when the point was answered already (no server)."""
@@ -268,7 +267,7 @@ def decide(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: Eng
     say("result", number=row.number, row=ledger.trial(run.id, row.number))
 
 
-def wind_down(run: Run, settings: Settings, ledger: Ledger, engine: Engine, study: optuna.Study, repo,
+def wind_down(run: Run, settings: Settings, ledger: Ledger, engine: Engine, study: studies.Study, repo,
               me: Worker | None, say: Callable) -> None:
     """At the deadline: wait for the workers' trials in flight (they end by the deadline too), then decide
     what they put forward while time is left; what cannot be re-checked in time is refused, and said so."""

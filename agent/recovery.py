@@ -22,7 +22,6 @@ from pathlib import Path
 import socket
 
 import git
-import optuna
 import psutil
 
 from agent import crew, gitops, study as studies
@@ -69,13 +68,6 @@ def run_lock(home: Path) -> Iterator[None]:
         handle.write(f"agent run, pid {os.getpid()}")
         handle.flush()
         yield
-
-
-def _study(run: Run, storage: str, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study | None:
-    try:
-        return optuna.load_study(study_name=run.id, storage=storage, sampler=sampler)
-    except KeyError:
-        return None
 
 
 def _our_branches(repo: git.Repo | None, run: Run) -> dict[int, str]:
@@ -164,7 +156,7 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
     numbers = [t.number for t in trials]
     if len(numbers) != len(set(numbers)):
         out.append("trial numbers repeat")
-    study = _study(run, storage)
+    study = studies.read(run.id, storage)
     candidates = [t for t in trials if t.optuna_number is not None]
     if study is not None:
         told = {ft.number: ft for ft in study.get_trials(deepcopy=False)}
@@ -175,13 +167,12 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
                 out.append(f"trial {t.number}: Optuna trial {t.optuna_number} is not in the study")
             elif t.optuna_number in seen:
                 out.append(f"trial {t.number}: Optuna trial {t.optuna_number} is counted twice")
-            elif t.status in ("ok", "failed", "skipped", "pruned") and ft.state != (
-                    optuna.trial.TrialState.PRUNED if t.status == "pruned" else optuna.trial.TrialState.COMPLETE):
+            elif t.status in ("ok", "failed", "skipped", "pruned") and ft.state != studies.expected_state(t.status):
                 out.append(f"trial {t.number}: {t.status} in the ledger but {ft.state.name} in the study")
             seen.add(t.optuna_number)
         if run.status != "running":
             out += [f"optuna trial {ft.number}: still RUNNING" for ft in told.values()
-                    if ft.state == optuna.trial.TrialState.RUNNING]
+                    if ft.state == studies.State.RUNNING]
     elif candidates:
         out.append(f"the study {run.id} is missing while the ledger has {len(candidates)} candidate trials")
     branches = _our_branches(repo, run)

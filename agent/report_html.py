@@ -132,12 +132,12 @@ def failures(trials: list[Trial], rules: list[LearnedRule]) -> str:
 
 
 def importance(study) -> str:
-    import optuna
     import plotly.graph_objects as go
 
+    from agent import study as studies
+
     try:
-        values = optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+        values = studies.importances(study)
     except (ValueError, RuntimeError) as e:
         return f"<p>Not enough finished trials to weigh the knobs yet ({html.escape(str(e))[:200]}).</p>"
     if not values:

@@ -23,6 +23,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 STARTUP_TRIALS = 4  # TPE's random start-up points, taken by one-knob changes from the defaults instead
 State = optuna.trial.TrialState
+Study = optuna.Study
+StorageError = optuna.exceptions.StorageInternalError
 
 
 def sampler(seed: int, kind: str = "tpe") -> optuna.samplers.BaseSampler:
@@ -65,6 +67,26 @@ def recorded(run_id: str, storage, rows: list[Trial]) -> optuna.Study | None:
                                  sampler=optuna.samplers.TPESampler(constraints_func=constraints))
     except KeyError:
         return None
+
+
+def read(run_id: str, storage) -> optuna.Study | None:
+    """The run's study for reading (`agent doctor`, the HTML report); None when it is missing (a
+    ledger copied without it)."""
+    try:
+        return optuna.load_study(study_name=run_id, storage=storage)
+    except KeyError:
+        return None
+
+
+def expected_state(status: str) -> State:
+    """The state a finished ledger row's Optuna trial must be in once told."""
+    return State.PRUNED if status == "pruned" else State.COMPLETE
+
+
+def importances(study: optuna.Study) -> dict[str, float]:
+    """How much each knob moved the value, by Optuna's PED-ANOVA evaluator (ValueError or
+    RuntimeError while too few trials are finished)."""
+    return optuna.importance.get_param_importances(study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
 
 
 def told(row: Trial) -> tuple[float, float]:

@@ -102,8 +102,8 @@ def main() -> int:
     committed = [r["committed"] / 60 for r in rows if r["committed"] is not None]
     stopped = [r["stopped"] for r in rows if r["stopped"]]
     median = lambda xs: f"{statistics.median(xs):.1f}" if xs else "-"  # noqa: E731
-    print(f"| code | runs | budget | binding | first decision reached | its minute (median) | first win committed | "
-          f"its minute (median) | stopped early (minute, median) | candidates a run (mean) |")
+    print("| code | runs | budget | binding | first decision reached | its minute (median) | first win committed | "
+          "its minute (median) | stopped early (minute, median) | candidates a run (mean) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {Path(loop.__file__).resolve().parents[1]}{' (no prior)' if args.no_prior else ''} | {args.runs} | {args.budget_min:g} min | {args.binding:g}x | "
           f"{len(decided)} | {median(decided)} | {len(committed)} | {median(committed)} | "

@@ -15,7 +15,6 @@ the gate as it is (agent/gate.py itself, at its default settings).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from dataclasses import replace
