@@ -20,8 +20,9 @@ class FakeEngine:
     ngram speculation's gain becomes on held-out prompts (it overfits the search prompts)."""
 
     def __init__(self, delay_s: float = 0.02, slowdown: tuple[int, float] | None = None,
-                 speculation_heldout: float = 1.1):
+                 speculation_heldout: float = 1.1, factors: dict | None = None):
         self.delay_s = delay_s
+        self.factors = factors or {}    # {(flag, value): speed factor}: a knob a test wants to act
         self.calls = 0
         self.slowdown, self.speculation_heldout = slowdown, speculation_heldout
         self.specs = []
@@ -48,6 +49,8 @@ class FakeEngine:
                     "timings": {}, "workload": self.meter(spec)}
         tps = 18.0 * (1.5 if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" else 1.0)
         tps *= 0.8 if flags.get("enforce-eager") else 1.0
+        for (flag, value), factor in self.factors.items():
+            tps *= factor if flags.get(flag) == value else 1.0
         heldout = isinstance(spec["workload"], dict) and spec["workload"].get("prompt_split") == "heldout"
         speculation = self.speculation_heldout if heldout else 1.1
         tps *= speculation if "speculative-config" in flags else 1.0
