@@ -160,6 +160,24 @@ def test_call_record_has_no_field_for_credentials():
     assert not any("key" in name or "token" == name for name in vars(Call(model="m", prompt="p")))
 
 
+def test_api_keys_reach_neither_the_trial_worker_nor_the_server(monkeypatch):
+    from agent.engine import worker_env
+    from sandbox.server import minimal_env
+
+    secrets = {"OPENAI_API_KEY": "sk-1", "ANTHROPIC_API_KEY": "sk-2", "HF_TOKEN": "hf_3", "MY_SECRET": "4",
+               "DB_PASSWORD": "5", "AGENT_STORAGE": "postgresql://agent:pw@db/agent"}
+    for k, v in secrets.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("HOME", "/home/someone")
+    worker = worker_env()
+    assert not set(secrets) & set(worker) and worker["HOME"] == "/home/someone"   # the rest passes on
+    for k, v in worker.items():   # the trial worker's environment is what the server is started from
+        monkeypatch.setenv(k, v)
+    server = minimal_env({"VLLM_CPU_KVCACHE_SPACE": "2"}, "t0k")
+    assert not set(secrets) & set(server) and not any(v in secrets.values() for v in server.values())
+    assert server["VLLM_CPU_KVCACHE_SPACE"] == "2" and server["AGENT_TRIAL_TOKEN"] == "t0k"
+
+
 def test_a_reply_may_narrow_a_numeric_range_and_bad_ranges_are_refused(llm):
     calls = []
     reply = {**GOOD, "narrow": [

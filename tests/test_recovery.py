@@ -139,7 +139,7 @@ def test_a_second_run_on_the_same_ledger_is_refused_at_once(tmp_path, monkeypatc
     assert not (tmp_path / "ledger.sqlite").exists() or Ledger(tmp_path / "ledger.sqlite").runs() == []
 
 
-def test_resume_refuses_unknown_and_finished_runs_and_doctor_reports(tmp_path, monkeypatch):
+def test_resume_refuses_unknown_and_finished_runs_an_edited_space_and_doctor_reports(tmp_path, monkeypatch):
     from agent.cli import app
 
     monkeypatch.setenv("AGENT_HOME", str(tmp_path))
@@ -157,6 +157,14 @@ def test_resume_refuses_unknown_and_finished_runs_and_doctor_reports(tmp_path, m
     ledger.update(accepted, commit="0" * 40)   # the ledger and git disagree
     result = runner.invoke(app, ["doctor", "--run", "done"])
     assert result.exit_code == 1 and f"trial {accepted.number}: the ledger names" in result.stdout
+    # A stopped run whose space file (the user's own --space copy) was edited since it started.
+    edited = tmp_path / "my-space.yaml"
+    edited.write_text((Path(ledger.run("done").space_path)).read_text())
+    ledger.update(ledger.run("done"), status="stopped", space_path=str(edited))
+    edited.write_text(edited.read_text().replace("high: 256", "high: 512", 1))
+    result = runner.invoke(app, ["run", "--resume", "done"])
+    assert result.exit_code == 2 and f"{edited} changed since run done started" in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and ledger.run("done").status == "stopped"
 
 
 def test_doctor_finds_a_trial_server_that_outlived_its_trial(tmp_path, monkeypatch):
@@ -306,3 +314,32 @@ def test_a_resume_is_refused_while_the_runs_coordinator_lives_on_another_host(tm
     assert "its coordinator" not in result.stderr
     # It went on to load the run's space (a name this stand-in row makes up), and said that instead.
     assert result.exit_code == 2 and "s.yaml: cannot read" in result.stderr, result.output
+
+
+def test_readers_while_a_run_writes_never_fail_and_never_block_it(tmp_path, monkeypatch):
+    """`agent ledger` (and its read-only SQL) in a tight loop beside a run that writes every few
+    milliseconds: every read answers, and the run still ends on its deadline with every trial."""
+    from agent.cli import app
+
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    runner = CliRunner()
+    proc = start(tmp_path, "busy", 8)
+    reads, seen = 0, set()
+    try:
+        while proc.poll() is None:
+            if not (tmp_path / "ledger.sqlite").exists() or Ledger(tmp_path / "ledger.sqlite").run("busy") is None:
+                time.sleep(0.05)
+                continue
+            listed = runner.invoke(app, ["ledger", "--run", "busy", "--csv"])
+            counted = runner.invoke(app, ["ledger", "sql", "select count(*) as n from trials"])
+            assert listed.exit_code == 0 and counted.exit_code == 0, (listed.stderr, counted.stderr)
+            seen.add(listed.stdout.count("\n"))
+            reads += 1
+    finally:
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    run, trials = Ledger(tmp_path / "ledger.sqlite").run("busy"), Ledger(tmp_path / "ledger.sqlite").trials("busy")
+    # Reads happened while the ledger grew, and the writer was not held up past its deadline.
+    assert reads >= 10 and len(seen) >= 3
+    assert run.status == "finished" and [t.number for t in trials] == list(range(len(trials)))
+    assert datetime.fromisoformat(run.finished_at) <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=10)

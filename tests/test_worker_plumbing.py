@@ -1,7 +1,10 @@
 """The worker's phases, deadlines, classification and teardown, against the fake server seam.
 
 Each misbehaviour of the server must come back as its failure class, with the server gone.
-The same paths run against real vLLM in test_engine.py.
+Three of these paths also run against real vLLM in test_engine.py: an ok trial with speed and
+quality, an invalid flag value refused with the server's message, and a server killed during the
+benchmark (crashed, with its log tail). The others (hung starts, stray children, taken ports,
+pruning, the progress file) run against the stand-in server here only.
 """
 
 import math
