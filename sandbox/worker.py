@@ -96,10 +96,12 @@ def _span(workload, repeats: int) -> float:
 
 
 def goodput_on(server: Server, workload, bench_s: float, phase: str,
-               on_point: Callable[[str], None] = lambda detail: None) -> dict:
+               on_point: Callable[[str], None] = lambda detail: None,
+               on_measured: Callable[[goodput.Point], None] = lambda point: None) -> dict:
     """The objective goodput on one server: rate points, each a fresh draw of the workload's split on
     the same seeded arrival pattern scaled to its rate (sandbox.goodput). The instance's figure is
-    the highest rate that held its SLOs; the latencies shown are that point's."""
+    the highest rate that held its SLOs; the latencies shown are that point's. on_point hears of a
+    point before it is measured, on_measured gets it once judged (a cut search keeps what it saw)."""
     draws = iter(range(workload.rate_points()))
     measured: list[bench.BenchResult] = []
 
@@ -119,6 +121,7 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
                                           for _ in requests], budget, requests)
         server.fail_if_dead(phase)
         measured.append(result)
+        on_measured(goodput.point(rate, result, workload.slo()))
         return result
 
     if workload.rate_points() < 2:

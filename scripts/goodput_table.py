@@ -8,9 +8,9 @@ under the shipped trace's timing, ranked by the highest request rate whose p99 S
 
 On each server: the workload's warm-ups, then the goodput search of sandbox.worker.goodput_on on
 each profile (the trial's own code: fresh draws of the search split per rate point, the same seeded
-arrivals for every config). Prints one table (goodput, its bounds, whether it converged, the
-points measured, the p99s at the goodput point) and writes it with rows.jsonl under
-runs/goodput-table/<stamp>/. A server instance is the unit of noise: one instance per config says
+arrivals for every config). Prints each rate point as it is judged (`point:` lines, and
+points.jsonl), then one table (goodput, its bounds, whether it converged, the points measured, the
+p99s at the goodput point), written with rows.jsonl under runs/goodput-table/<stamp>/. A server instance is the unit of noise: one instance per config says
 what a config does, not how sure it is.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -78,10 +79,11 @@ GPU = {
 }
 
 
-def measure(server: Server, workload) -> dict:
+def measure(server: Server, workload, on_measured) -> dict:
     asyncio.run(bench.run_requests(server.base_url, server.model_name, workload.warmups(), workload.concurrency, 900))
     t0 = time.monotonic()
-    found = worker.goodput_on(server, workload, bench.bench_deadline_s(workload), "benchmark")
+    found = worker.goodput_on(server, workload, bench.bench_deadline_s(workload), "benchmark",
+                              on_measured=on_measured)
     g = found["goodput"]
     return {"goodput": g["rate"], "bounds": g["bounds"], "converged": g["converged"], "points": len(g["points"]),
             "ttft_p99_ms": found["ttft_ms"].get("p99"), "itl_p99_ms": found["itl_ms"].get("p99"),
@@ -142,8 +144,14 @@ def main() -> int:
             server.wait_ready(900)
             for profile, workload in profiles.items():
                 row = {"config": name, "profile": profile, "arrivals": workload.arrivals}
+
+                def point(p, name=name, profile=profile):   # each point as it is judged: a cut run keeps them
+                    line = {"config": name, "profile": profile, **dataclasses.asdict(p)}
+                    print("point:", json.dumps(line), flush=True)
+                    with open(out / "points.jsonl", "a") as f:
+                        f.write(json.dumps(line) + "\n")
                 try:
-                    row.update(measure(server, workload))
+                    row.update(measure(server, workload, point))
                 except TrialFailure as e:   # this profile's search failed (a burst, no rate held): say so, go on
                     row.update(goodput=None, failure=f"{e.klass}: {e}")
                 rows.append(row)
