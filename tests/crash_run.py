@@ -5,10 +5,19 @@
 With PHASE_S set, each trial spends that many seconds in its benchmark phase and the run writes
 its events.jsonl as `agent run` does (for `agent status` to read while it runs).
 
+With KILL_AT=WINDOW:K set, the process SIGKILLs itself the K-th time the run is inside WINDOW,
+after appending WINDOW to HOME/kills.txt (so a test knows which window each kill hit):
+  baseline      inside an instance of the defaults (before the A/A)
+  candidate     inside a candidate trial's measurement on the search prompts
+  heldout       inside a held-out instance of a candidate's decision
+  branch        after a branch is committed, before its ledger row names it
+  tell          after a candidate's ledger row is finished, before Optuna is told
+
 Uses the same recovery and the same loop as `agent run`; only the engine is the test double.
 """
 
 import os
+import signal
 import sys
 import time
 from datetime import datetime, timedelta, timezone
@@ -17,10 +26,59 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import gitops, recovery, space as spaces  # noqa: E402
+from agent import gitops, recovery, space as spaces, study as studies  # noqa: E402
 from agent.ledger import Ledger, Run  # noqa: E402
 from agent.loop import Settings, run_search  # noqa: E402
 from fake_engine import FakeEngine  # noqa: E402
+
+
+WINDOWS = ("baseline", "candidate", "heldout", "branch", "tell")
+
+
+def kill_at(home: Path, run_id: str, ledger: Ledger, engine: FakeEngine) -> None:
+    """Arm the KILL_AT window: wrap the engine, git and Optuna seams the loop calls through."""
+    window, k = os.environ["KILL_AT"].split(":")
+    seen = {"n": 0}
+
+    def maybe_die(here: str) -> None:
+        if here != window:
+            return
+        seen["n"] += 1
+        if seen["n"] == int(k):
+            with open(home / "kills.txt", "a") as f:
+                f.write(here + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    evaluate = engine.evaluate
+
+    def evaluating(spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        heldout = isinstance(spec["workload"], dict) and spec["workload"].get("prompt_split") == "heldout"
+        defaults = not spec["flags"].keys() - {"max-model-len"} and not spec["env"].keys() - {
+            "VLLM_CPU_KVCACHE_SPACE", "VLLM_USE_AOT_COMPILE"}
+        aa_done = any(t.source == "aa" for t in ledger.trials(run_id))
+        maybe_die("heldout" if heldout and not defaults else "baseline" if defaults and not aa_done
+                  else "candidate" if not defaults and not heldout else "")
+        return evaluate(spec, trial_dir, timeout_s, on_phase)
+
+    engine.evaluate = evaluating
+    propose = gitops.propose
+
+    def proposing(*args, **kwargs):
+        sha = propose(*args, **kwargs)
+        maybe_die("branch")
+        return sha
+
+    gitops.propose = proposing
+    tell = studies.tell
+
+    def telling(study, trial, *args, **kwargs):
+        if any(t.optuna_number == trial.number and t.status != "running" for t in ledger.trials(run_id)):
+            maybe_die("tell")
+        return tell(study, trial, *args, **kwargs)
+
+    studies.tell = telling
 
 
 def main() -> None:
@@ -46,7 +104,10 @@ def main() -> None:
             say = event_logger(home / run_id / "events.jsonl", Console(stderr=True))
             run_search(run, settings, space, ledger, SlowEngine(float(os.environ["PHASE_S"])), repo, storage, say)
         else:
-            run_search(run, settings, space, ledger, FakeEngine(delay_s=0.15), repo, storage)
+            engine = FakeEngine(delay_s=0.15)
+            if os.environ.get("KILL_AT"):
+                kill_at(home, run_id, ledger, engine)
+            run_search(run, settings, space, ledger, engine, repo, storage)
 
 
 class SlowEngine(FakeEngine):
