@@ -274,3 +274,35 @@ def test_the_server_receives_no_held_out_request_in_search_and_none_twice(tmp_pa
     quality = [s["body"]["prompt"] for s in sent if not s["body"].get("stream") and isinstance(s["body"].get("prompt"), str)]
     assert len(streamed) == 2 + 3 * 5 == len(set(streamed))
     assert quality and not (set(streamed) | set(quality)) & heldout
+
+
+def _shape(value, path=()):
+    """(key path, type) of every leaf of nested dicts, lists taken as leaves; numbers as one type."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _shape(v, (*path, k))
+    else:
+        yield path, ("number" if isinstance(value, (int, float)) and not isinstance(value, bool)
+                     else type(value).__name__)
+
+
+def test_the_fake_engines_results_have_the_real_workers_shape(tmp_path, fake_mode):
+    """The loop and gate tests run on tests/fake_engine.py's results: every field it writes must be
+    one the real worker writes, with the same type (the worker here runs against the stand-in server)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_engine import FakeEngine
+
+    fake_mode("ok")
+    spec = {"model": "fake", "flags": {}, "env": {}, "workload": "smoke", "heldout_bench": True,
+            "deadlines": {"start_s": 30}}
+    real = run_trial(specs.from_dict(spec), tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
+    assert real["status"] == "ok", real["failure"]
+    real_shape = dict(_shape(real))
+    fake = FakeEngine(delay_s=0).evaluate(spec, tmp_path / "fake", 60)
+    for path, kind in _shape(fake):
+        if kind == "NoneType" or path[:1] in (("engine",), ("hardware",)):   # the runner adds these two
+            continue
+        assert path in real_shape, f"the fake writes {'.'.join(path)}, which the worker never does"
+        assert real_shape[path] in (kind, "NoneType"), f"{'.'.join(path)}: fake {kind}, worker {real_shape[path]}"
