@@ -373,7 +373,8 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, spa
                   "quality_text": quality_set.text_path, "workload_spec": meter.as_dict(), "max_model_len": context,
                   "traffic": meter.summary(), "traffic_source": source.summary() if traffic else None,
                   "model_given": model_given, "storage": where().kind, "choices": _choices(space),
-                  "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [], **settings}))
+                  "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [],
+                  "noise_prior": list(space.noise_prior), **settings}))
 
 
 OPEN_LOOP_CAP = 64   # requests in flight at most when --arrivals opens a closed-loop workload (docs/arrivals.md)
@@ -482,7 +483,7 @@ DEFAULTS = {"quality": "default", "ppl_tolerance": G.ppl_tolerance, "ppl_max": G
             "repeats": S.repeats, "seed": S.seed, "sampler_per_planner": S.sampler_per_planner, "sampler": S.sampler,
             "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every,
             "one_knob_start": S.near_start, "planner": "builtin", "workers": 1, "model_given": None,
-            "draft_models": []}
+            "draft_models": [], "noise_prior": [0.0, 0]}   # a run from before the prior keeps judging without it
 
 
 def _storage():
@@ -502,7 +503,7 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
                         kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
                         itl_p99_ms_max=o["slo_itl_p99_ms"],
                         max_instances=o["max_instances"], exact=o["exact"],
-                        noise_prior_sd=space.noise_prior[0], noise_prior_df=space.noise_prior[1])
+                        noise_prior_sd=o["noise_prior"][0], noise_prior_df=o["noise_prior"][1])
     settings = Settings(model=_model_here(row, o), workload=o.get("workload_spec") or row.workload,
                         quality=o["quality"], quality_text=o.get("quality_text"), gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],

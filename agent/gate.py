@@ -365,7 +365,7 @@ PRUNE_LEVEL = 0.999   # a config is stopped only when even this unlucky an insta
 def prune_below(base: Baseline) -> float | None:
     """The TPS under which a candidate's benchmark is stopped (sandbox.bench.Pruner): the defaults'
     TPS less what instance noise can take from one instance of a config that is really as fast, at
-    PRUNE_LEVEL. Nothing is pruned before the noise has been measured."""
+    PRUNE_LEVEL. Nothing is pruned before the noise is known (measured, or the space's prior)."""
     noise = base.noise
     if noise.df < 1:
         return None

@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-
 from agent import budget, crew, gate, gitops, proposal, refusals, study as studies
 from agent.budget import seconds_left
 from agent.gate import Baseline, GateSettings, Instance, MeasureFailed
@@ -538,7 +537,7 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
     while gate.more_defaults_wanted(base, verdict, sum(1 for t in history if t.source == "baseline"
                                                        and t.number > aa.number), settings.gate):
         if budget.plan(aa.timings, 1, False, seconds_left(run.deadline_at), 0)["fits"] != "decision":
-            say("fewer_defaults", noise=base.noise.sd, instances=len(base.search) + len(base.unscreened))
+            say("fewer_defaults", noise=base.measured_noise.sd, instances=len(base.search) + len(base.unscreened))
             break
         run_defaults(run, settings, space, ledger, engine, defaults, say, "baseline",
                      "more instances of the defaults: " + ("the A/A check called them faster or slower than "

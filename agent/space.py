@@ -319,7 +319,10 @@ def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
         rules.append(Rule(require=tuple(req), reason=str(r.get("reason", "")), when=dict(r.get("when") or {})))
     for i, h in enumerate(raw.get("host") or []):
         knobs = _drop_for_host(f"{path}: host[{i}]", h, knobs, cpu_flags)
-    digest = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    # The noise prior is the gate's knowledge, not the search space: a run records the prior it
+    # started with (Run.settings), so editing it neither changes the hash nor a resumed run.
+    hashed = {k: v for k, v in raw.items() if k != "noise_prior"}
+    digest = hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Space(path=str(path), engine=str(raw.get("engine", "")), engine_version=str(raw.get("engine_version", "")),
                  knobs=knobs, fixed_flags=fixed_flags, fixed_env=fixed_env, rules=tuple(rules), hash=digest,
                  noise_prior=_noise_prior(f"{path}: noise_prior", raw.get("noise_prior")))

@@ -23,7 +23,7 @@ import git
 from agent import hub
 from agent.ledger import Ledger
 from agent.gate import figure
-from agent.stats import compare, pooled_noise
+from agent.stats import Noise, compare, pooled_noise
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
 
@@ -61,6 +61,7 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, m
     band = (claimed * (1 - tolerance), claimed * (1 + tolerance))
     # The run's own instances of the defaults measured the noise: their spread joins this one's.
     run_defaults = [t.tps for t in ledger.trials(run.id) if t.source in ("baseline", "aa") and t.status == "ok"]
+    prior = Noise(**((run.calibration or {}).get("noise_prior") or {"sd": 0.0, "df": 0}))   # the run's, as it judged
     figures: dict[str, list[float]] = {"defaults": [], "candidate": []}
     verdict, c = UNDECIDED, None
     for i in range(max_rounds):
@@ -71,7 +72,7 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, m
                 failure = result.get("failure") or {}
                 raise VerifyError(f"{name} failed in round {i + 1}: {failure.get('class')}: {failure.get('message')}")
             figures[name].append(figure(result["bench"]))
-        noise = pooled_noise([run_defaults, figures["defaults"], figures["candidate"]])
+        noise = pooled_noise([run_defaults, figures["defaults"], figures["candidate"]], prior)
         c = compare(figures["candidate"], figures["defaults"], noise, level=0.975)
         if band[0] <= c.low and c.high <= band[1]:
             verdict = HOLDS

@@ -25,8 +25,9 @@ HERE = Path(__file__).parent
 
 
 def start(home, run_id, seconds, kill_at=None):
-    env = {**os.environ, **({"KILL_AT": kill_at} if kill_at else {})}
-    env.pop("KILL_AT", None) if not kill_at else None
+    env = {k: v for k, v in os.environ.items() if k != "KILL_AT"}
+    if kill_at:
+        env["KILL_AT"] = kill_at
     return subprocess.Popen([sys.executable, str(HERE / "crash_run.py"), str(home), run_id, str(seconds)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
@@ -49,15 +50,15 @@ def test_sigkill_in_every_window_of_a_seeded_schedule_then_resume_ends_on_the_de
     rng.shuffle(later)
     schedule = [("baseline", rng.randint(1, 2)), ("branch", 1), *((w, rng.randint(1, 3)) for w in later)]
     outputs = []
-    for window, k in schedule:
-        proc = start(tmp_path, "crash", 45, kill_at=f"{window}:{k}")
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == -signal.SIGKILL, f"{window}:{k} was never reached:\n{out[-2000:]}"
+    for window, k in [*schedule, (None, 0)]:   # the last process resumes and runs to the deadline
+        proc = start(tmp_path, "crash", 60, kill_at=f"{window}:{k}" if window else None)
+        try:
+            out, _ = proc.communicate(timeout=180)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode == (-signal.SIGKILL if window else 0), f"{window}:{k} was never reached:\n{out[-2000:]}"
         outputs.append(out)
-    proc = start(tmp_path, "crash", 45)   # the same command resumes the run it finds
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
-    outputs.append(out)
     # Every kill hit its window, in the schedule's order, and each resume repaired what that window left.
     assert (tmp_path / "kills.txt").read_text().split() == [w for w, _ in schedule]
     for (window, _), resumed in zip(schedule, outputs[1:]):
@@ -352,11 +353,12 @@ def test_readers_while_a_run_writes_never_fail_and_never_block_it(tmp_path, monk
 
     monkeypatch.setenv("AGENT_HOME", str(tmp_path))
     runner = CliRunner()
+    Ledger(tmp_path / "ledger.sqlite")   # its tables made here, not by two processes at once
     proc = start(tmp_path, "busy", 8)
     reads, seen = 0, set()
     try:
         while proc.poll() is None:
-            if not (tmp_path / "ledger.sqlite").exists() or Ledger(tmp_path / "ledger.sqlite").run("busy") is None:
+            if Ledger(tmp_path / "ledger.sqlite").run("busy") is None:
                 time.sleep(0.05)
                 continue
             listed = runner.invoke(app, ["ledger", "--run", "busy", "--csv"])
@@ -365,7 +367,11 @@ def test_readers_while_a_run_writes_never_fail_and_never_block_it(tmp_path, monk
             seen.add(listed.stdout.count("\n"))
             reads += 1
     finally:
-        out, _ = proc.communicate(timeout=120)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 0, out
     run, trials = Ledger(tmp_path / "ledger.sqlite").run("busy"), Ledger(tmp_path / "ledger.sqlite").trials("busy")
     # Reads happened while the ledger grew, and the writer was not held up past its deadline.

@@ -82,6 +82,17 @@ def test_broken_space_files_name_file_key_and_problem(tmp_path, body, needle):
     assert str(err.value).startswith(str(path)) and needle in str(err.value)
 
 
+def test_the_noise_prior_is_read_and_kept_out_of_the_spaces_hash(tmp_path):
+    shipped = spaces.load("vllm-cpu")
+    assert shipped.noise_prior == (0.07, 4) and spaces.load("vllm-gpu").noise_prior == (0.10, 4)
+    without = tmp_path / "without.yaml"
+    without.write_text("\n".join(line for line in (spaces.SPACES / "vllm-cpu.yaml").read_text().splitlines()
+                                 if not line.startswith("noise_prior:")) + "\n")
+    bare = spaces.load(without)
+    # A run started before the prior existed resumes: the same space, by hash, with or without it.
+    assert bare.noise_prior == (0.0, 0) and bare.hash == shipped.hash
+
+
 def test_choices_the_host_cannot_run_are_left_out_before_the_search():
     bare = spaces.load("vllm-cpu", cpu_flags={"sse4_2", "avx2"})
     assert bare.knobs["kv-cache-dtype"].choices == ("auto",)
