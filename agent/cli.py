@@ -23,6 +23,7 @@ from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, 
 from agent import storage as storages, study as studies
 from sandbox import model as embedded
 from agent.gate import GateSettings, unit
+from agent.stats import Noise
 from agent.loop import Settings
 
 G, S = GateSettings, Settings  # every default lives on these two dataclasses
@@ -497,13 +498,11 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
 
     o = {**DEFAULTS, **row.settings}  # a run written by an older version lacks the newer settings
     meter = load_workload(o.get("workload_spec") or row.workload)
-    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
-    space = _space(space_path, o.get("draft_models") or [], exact=o["exact"], max_model_len=o.get("max_model_len"))
     gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
                         kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
                         itl_p99_ms_max=o["slo_itl_p99_ms"],
                         max_instances=o["max_instances"], exact=o["exact"],
-                        noise_prior_sd=o["noise_prior"][0], noise_prior_df=o["noise_prior"][1])
+                        noise_prior=Noise(*o["noise_prior"]))
     settings = Settings(model=_model_here(row, o), workload=o.get("workload_spec") or row.workload,
                         quality=o["quality"], quality_text=o.get("quality_text"), gate=gate,
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
@@ -513,6 +512,8 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
                         facts={**hardware(), "concurrency": meter.concurrency,
                                "max_tokens": max(r.max_tokens for r in meter.measured(0)),
                                "sampled_share": meter.summary()["sampled_share"]})
+    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
+    space = _space(space_path, o.get("draft_models") or [], exact=o["exact"], max_model_len=o.get("max_model_len"))
     if space.hash != row.space_hash:
         raise fail(f"{row.space_path} on this host is not the space run {row.id} searches (hash {space.hash}, "
                    f"the run's {row.space_hash})")

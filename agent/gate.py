@@ -46,8 +46,7 @@ class GateSettings:
     max_instances: int = 16            # fresh candidate instances at most in one held-out decision
     exact: bool = False                # greedy outputs must match token for token (batch-invariant mode)
     noisy: float = 0.06                # instance log-sd above which the defaults get more instances...
-    noise_prior_sd: float = 0.0        # the instance noise known before the run (the space's noise_prior):
-    noise_prior_df: int = 0            # ...worth this many degrees of freedom; 0: the run's own instances alone
+    noise_prior: Noise = Noise(0.0, 0)  # instance noise known before the run (the space's); df 0: none
     max_defaults: int = 6              # ...up to this many (the baseline's, the A/A's and later ones)
 
 
@@ -227,7 +226,7 @@ class Baseline:
     drift: float = 1.0                  # the machine's speed now relative to the baseline's
     noise_groups: tuple = ()            # further groups of instances of one config (see stats.pooled_noise)
     unscreened: tuple = ()              # search figures of the defaults kept out of the screen (the A/A's)
-    prior: Noise = Noise(0.0, 0)        # the instance noise known before the run (GateSettings.noise_prior_*)
+    prior: Noise = Noise(0.0, 0)        # the instance noise known before the run (GateSettings.noise_prior)
 
     @property
     def tps(self) -> float:
@@ -245,7 +244,11 @@ class Baseline:
     @property
     def noise(self) -> Noise:
         """The instance noise every bound uses: the run's own instances and the prior together."""
-        return pooled_noise(self.groups, self.prior)
+        return self.noise_with()
+
+    def noise_with(self, *more: list[float]) -> Noise:
+        """The noise with further groups of instances of one config each (a candidate's, say)."""
+        return pooled_noise([*self.groups, *more], self.prior)
 
     @property
     def measured_noise(self) -> Noise:
@@ -409,7 +412,7 @@ def decide(first: float, base: Baseline, settings: GateSettings, more_candidate:
                 return Decision(False, [f"no instance of the defaults on the held-out prompts: {e}"],
                                 compare(candidate, candidate, Noise(0.0, 0)), candidate, extras)
             continue
-        noise = pooled_noise([*base.groups, candidate, extras], base.prior)
+        noise = base.noise_with(candidate, extras)
         c = compare(candidate, defaults, noise, settings.level, base.drift)
         why = (f"held-out {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] from {len(candidate)} fresh instance(s) "
                f"against {len(defaults)} of the defaults")
@@ -481,7 +484,7 @@ def baseline_of(instances: list[Instance], settings: GateSettings, extras: tuple
     return Baseline(search=[i.tps for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls), reference=reference,
                     calibration=calibrate(reference, others, settings.exact),
                     noise_groups=(tuple(heldout),) if heldout else (), unscreened=(aa.tps,) if aa else (),
-                    prior=Noise(settings.noise_prior_sd, settings.noise_prior_df))
+                    prior=settings.noise_prior)
 
 
 @dataclass(frozen=True)

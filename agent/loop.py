@@ -21,7 +21,7 @@ from agent.gate import Baseline, GateSettings, Instance, MeasureFailed
 from agent.ledger import LearnedRule, Ledger, RangeChange, Repeat, Run, Trial, Worker, utcnow
 from agent.planner import BuiltinPlanner, Planner
 from agent.space import Space
-from agent.stats import compare, interval, pooled_noise
+from agent.stats import compare, interval
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
 # After this many asks in a row that only repeat answered points, the space is spent.
@@ -781,7 +781,7 @@ def slower_than_proposed(row: Trial, history: list[Trial], base: Baseline, setti
     """A candidate slower than a branch already proposed, on the same search prompts and beyond the
     noise, cannot be branched whatever its held-out decision says: no fresh servers for it."""
     # Every config's repeated held-out instances are more evidence of the instance noise.
-    noise = pooled_noise([*base.groups, *(t.heldout_instances for t in history if t.heldout_instances)], base.prior)
+    noise = base.noise_with(*(t.heldout_instances for t in history if t.heldout_instances))
     for other in (t for t in history if t.branch and t.tps):
         c = compare([row.tps], [other.tps], noise, settings.level)
         if c.high < 1:
@@ -793,7 +793,7 @@ def slower_than_proposed(row: Trial, history: list[Trial], base: Baseline, setti
 def dominated_by(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:
     claim = lambda t: t.heldout_instances or ([t.tps] if t.tps else [])  # noqa: E731
     for other in (t for t in history if t.branch):
-        noise = pooled_noise([*base.groups, claim(row), claim(other)], base.prior)
+        noise = base.noise_with(claim(row), claim(other))
         c = compare(claim(row), claim(other), noise, settings.level)
         if c.low > 1:
             continue

@@ -27,6 +27,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: 
 import agent.loop as loop  # noqa: E402
 from agent import gitops, space as spaces  # noqa: E402
 from agent.gate import GateSettings  # noqa: E402
+from agent.stats import Noise  # noqa: E402
 from agent.ledger import Ledger, Run  # noqa: E402
 from agent.loop import BaselineFailed, Settings, run_search  # noqa: E402
 from sim_engine import SimulatedEngine  # noqa: E402
@@ -58,7 +59,7 @@ def one_run(seed: int, home: Path, budget_s: float, noise: float, start_s: tuple
                          deadline_at=(START + timedelta(seconds=budget_s)).isoformat()))
     settings = Settings(model="sim", workload="default-cpu", seed=seed,
                         facts={"cpus": 2, "concurrency": 1, "sampled_share": 0.6},
-                        **({"gate": GateSettings(noise_prior_sd=space.noise_prior[0], noise_prior_df=space.noise_prior[1])}
+                        **({"gate": GateSettings(noise_prior=Noise(*space.noise_prior))}
                            if prior else {}))
     decided, committed, stopped = None, None, None
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent.gate import (GateSettings, Instance, baseline_of, check, decide, greedy_of, judge_aa,  # noqa: E402
                         more_defaults_wanted)
+from agent.stats import Noise  # noqa: E402
 from sim_engine import SimulatedEngine  # noqa: E402
 from agent.loop import Settings  # noqa: E402
 
@@ -110,13 +111,16 @@ def main() -> None:
     parser.add_argument("--after-only", action="store_true", help="the gate as it is, without the old rules' rows")
     parser.add_argument("--no-flips", action="store_true", help="the CPU build's case only (no near-tie flips)")
     parser.add_argument("--set", nargs="*", default=[], help="gate settings to try instead of the defaults, "
-                        "e.g. level=0.99 max_instances=6 baseline_instances=3")
+                        "e.g. level=0.99 max_instances=6 baseline_instances=3 noise_prior=0.07,4")
     args = parser.parse_args()
     settings, instances = GateSettings(), Settings(model="", workload="").baseline_instances
     for item in args.set:
         key, value = item.split("=")
         if key == "baseline_instances":
             instances = int(value)
+        elif key == "noise_prior":   # noise_prior=SD,DF
+            sd, df = value.split(",")
+            settings = replace(settings, noise_prior=Noise(float(sd), int(df)))
         else:
             settings = replace(settings, **{key: type(getattr(settings, key))(value)})
     print(f"{args.decisions} decisions per cell; defaults: {instances} baseline instances + the A/A (more while "

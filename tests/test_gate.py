@@ -239,7 +239,7 @@ def test_with_the_spaces_prior_a_clear_gain_is_decided_at_the_first_look_on_a_no
     first = [Instance(10.0, None, 8.0, g), Instance(10.9, None, 8.0, g)]
     aa = Instance(9.4, 9.6, 8.0, g)
     plain = baseline_of(first, GateSettings(), aa=aa)
-    primed = baseline_of(first, GateSettings(noise_prior_sd=0.06, noise_prior_df=6), aa=aa)
+    primed = baseline_of(first, GateSettings(noise_prior=gate.Noise(0.06, 6)), aa=aa)
     assert primed.measured_noise == plain.noise and primed.noise.df == plain.noise.df + 6
     measured = []
 
@@ -252,7 +252,7 @@ def test_with_the_spaces_prior_a_clear_gain_is_decided_at_the_first_look_on_a_no
     without = decide(13.9, plain, GateSettings(), lambda: 13.9, more_defaults)
     assert measured and len(without.candidate) > 1
     measured.clear()
-    with_prior = decide(13.9, primed, GateSettings(noise_prior_sd=0.06, noise_prior_df=6), lambda: 13.9, more_defaults)
+    with_prior = decide(13.9, primed, GateSettings(noise_prior=gate.Noise(0.06, 6)), lambda: 13.9, more_defaults)
     assert with_prior.accepted and with_prior.candidate == [13.9] and measured == []
     # The call for more instances of the defaults reads the machine's own noise, not the prior.
     assert not gate.more_defaults_wanted(primed, judge_aa(aa, baseline_of(first, GateSettings()), GateSettings()), 0,
