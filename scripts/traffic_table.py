@@ -61,7 +61,12 @@ GPU_LEVERS = {
                 "full-decode-only": ({"compilation-config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}),
                 "triton-attn": ({"attention-backend": "TRITON_ATTN"}, {}),
                 "torch-sampler": ({}, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}),
-                "defaults-again": ({}, {})},
+                "defaults-again": ({}, {}),
+                # longer drafts than the space's k<=8 (issue 25): what they add where outputs repeat
+                "ngram-gpu-k8": ({"speculative-config": {"method": "ngram_gpu", "num_speculative_tokens": 8,
+                                                         "prompt_lookup_min": 2, "prompt_lookup_max": 8}}, {}),
+                "ngram-gpu-k16": ({"speculative-config": {"method": "ngram_gpu", "num_speculative_tokens": 16,
+                                                          "prompt_lookup_min": 2, "prompt_lookup_max": 8}}, {})},
     "workloads": ["default", "challenge-short"],
     "repeats": {"challenge-short": 1},   # the second column: one phase of 24 x 256 tokens
 }
@@ -102,9 +107,9 @@ def main() -> int:
     out.mkdir(parents=True)
     fixed_flags, fixed_env = plan["fixed"]
     rows = []
-    for config, (flags, env) in plan["configs"].items():
-        if args.only and config not in args.only.split(","):
-            continue
+    names = args.only.split(",") if args.only else list(plan["configs"])   # --only's order is the run's
+    for config in names:
+        flags, env = plan["configs"][config]
         server = Server(args.model, argv_of({**fixed_flags, **flags}) + ["--chat-template", str(DATA / "traffic" / "gemma-chat.jinja")],
                         {**fixed_env, **env}, out / f"{config}.server.log")
         try:
