@@ -20,6 +20,9 @@ from pathlib import Path
 import psutil
 import yaml
 
+from sandbox import result as results
+from sandbox.result import TrialResult
+
 TEARDOWN_GRACE_S = 90.0
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
@@ -30,12 +33,8 @@ def worker_env() -> dict[str, str]:
             if not any(w in k.upper() for w in SECRET_WORDS) and k != "AGENT_STORAGE"}
 
 
-def _failed(klass: str, message: str) -> dict:
-    return {"status": "failed", "failure": {"class": klass, "message": message, "log_tail": ""}}
-
-
 class WorkerEngine:
-    """evaluate(spec, trial_dir, timeout_s) -> the worker's result dict (never raises for a trial).
+    """evaluate(spec, trial_dir, timeout_s) -> the worker's TrialResult (never raises for a trial).
 
     slot: the device this engine's trials run on when a host has several workers (agent.devices):
     its variables reach the trial (GPU, cores, ports, caches), and a core binding is to its own cores."""
@@ -68,7 +67,7 @@ class WorkerEngine:
             return {}
 
     def evaluate(self, spec: dict, trial_dir: Path, timeout_s: float,
-                 on_phase: Callable[[str], None] = lambda phase: None) -> dict:
+                 on_phase: Callable[[str], None] = lambda phase: None) -> TrialResult:
         trial_dir.mkdir(parents=True, exist_ok=True)
         spec = self._on_device(spec)
         spec_path, out, progress = trial_dir / "trial.yaml", trial_dir / "result.json", trial_dir / "progress.json"
@@ -95,17 +94,17 @@ class WorkerEngine:
             interrupted = e
             self._stop(proc, progress)
         try:
-            result = json.loads(out.read_text())
-        except (OSError, ValueError):
+            result = results.read(out)
+        except (OSError, results.ResultError) as e:
             tail = (trial_dir / "worker.log").read_text(errors="replace")[-2000:] if (trial_dir / "worker.log").exists() else ""
             killed = reap(progress)  # the worker died without its teardown: its server may still run
-            result = _failed("worker_error", f"the worker wrote no result (exit {proc.returncode})"
-                             + (f"; ended its leftover processes {killed}" if killed else ""))
-            result["failure"]["log_tail"] = tail
+            why = "wrote no result" if isinstance(e, OSError) else f"wrote no readable result ({e})"
+            result = results.failed("worker_error", f"the worker {why} (exit {proc.returncode})"
+                                    + (f"; ended its leftover processes {killed}" if killed else ""), tail)
         if interrupted:
             raise interrupted
         if self.slot is not None:
-            result["device"] = self.slot.device
+            result.device = self.slot.device
         return result
 
     def _on_device(self, spec: dict) -> dict:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.stats import Comparison, Noise, compare, pooled_noise, t_quantile
+from sandbox.result import Figures, Quality, TrialResult
 
 # bf16 keeps 8 significant bits, so a logit in [16, 32), where this model's top logits sit, moves
 # in steps of 1/8. Every near-tie flip measured, between the H200's instances of the defaults and
@@ -269,16 +270,9 @@ class Verdict:
     flips: list[Flip] = field(default_factory=list)
 
 
-def greedy_of(result: dict) -> dict:
-    greedy = (result.get("quality") or {}).get("greedy") or []
-    return {"ids": [g["token_ids"] for g in greedy], "tops": [g.get("top_logprobs") for g in greedy]}
-
-
-def figure(bench: dict) -> float:
-    """An instance's figure under the run's objective (sandbox.workload.OBJECTIVES): output tokens/s
-    at a fixed concurrency, goodput in requests/s, or 1000 / a latency percentile in ms (higher is
-    better for every one); older results carry tokens/s alone."""
-    return bench.get("figure", bench["tps"])
+def greedy_of(result: TrialResult) -> dict:
+    quality = result.quality or Quality(ppl=float("nan"))
+    return {"ids": quality.token_ids, "tops": quality.top_logprobs}
 
 
 def unit(meter: dict | None) -> str:
@@ -294,12 +288,15 @@ def unit(meter: dict | None) -> str:
     return "tok/s"
 
 
-def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings = GateSettings()) -> Verdict:
-    if result.get("status") != "ok":
-        failure = result.get("failure") or {}
-        return Verdict(False, [f"trial failed: {failure.get('class')}: {failure.get('message', '')[:200]}"], False)
+def check(result: TrialResult, base: Baseline, lossless: bool, settings: GateSettings = GateSettings()) -> Verdict:
+    """The gate on one candidate instance: quality (perplexity, KL, greedy outputs where lossless, the
+    SLOs) and speed on the search prompts; the figure is the run's objective's (Figures.value)."""
+    if not result.ok:
+        failure = result.failure
+        return Verdict(False, [f"trial failed: {failure.klass if failure else None}: "
+                               f"{(failure.message if failure else '')[:200]}"], False)
     reasons = []
-    tps, ppl = figure(result["bench"]), result["quality"]["ppl"]
+    tps, ppl = result.bench.value, result.quality.ppl
     search = compare([tps], base.search, base.noise, settings.level, base.drift)
     ppl_change = ppl / base.ppl - 1
     greedy = greedy_of(result)
@@ -313,8 +310,8 @@ def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings =
         elif kl > kl_max:
             reasons.append(f"KL divergence {kl:.4f} nats from the defaults' next-token distributions is above "
                            f"{kl_max}" + ("" if settings.kl_max is not None else " (the bound for lossy configs)"))
-    if result["bench"]["errors"]:
-        reasons.append(f"{result['bench']['errors']} request errors")
+    if result.bench.errors:
+        reasons.append(f"{result.bench.errors} request errors")
     if ppl_change > settings.ppl_tolerance:
         reasons.append(f"perplexity {ppl:.4f} is {ppl_change:+.2%} from the defaults' {base.ppl:.4f} "
                        f"(tolerance {settings.ppl_tolerance:.2%})")
@@ -323,7 +320,7 @@ def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings =
     if lossless:
         why, found, kl = greedy_check(base.reference, greedy, base.calibration)
         reasons += why
-    reasons += slo_breaches(result["bench"], settings)
+    reasons += slo_breaches(result.bench, settings)
     quality_ok = not reasons
     if search.ratio <= 1 + settings.min_gain:
         reasons.append(f"not faster on the search prompts: {search.ratio:.3f}x the defaults "
@@ -332,26 +329,26 @@ def check(result: dict, base: Baseline, lossless: bool, settings: GateSettings =
                    agree, kl, found)
 
 
-def slo_breaches(bench: dict, settings: GateSettings) -> list[str]:
+def slo_breaches(bench: Figures, settings: GateSettings) -> list[str]:
     out = []
     for key, bound, name in (("ttft_ms", settings.ttft_p99_ms_max, "time to first token"),
                              ("itl_ms", settings.itl_p99_ms_max, "inter-token latency")):
-        p99 = (bench.get(key) or {}).get("p99")
+        p99 = getattr(bench, key).get("p99")
         if bound is not None and p99 is not None and p99 > bound:
             out.append(f"SLO: p99 {name} {p99:.0f} ms is above the bound {bound:.0f} ms")
     return out
 
 
-def constraint(verdict: Verdict, result: dict, settings: GateSettings) -> float:
+def constraint(verdict: Verdict, result: TrialResult, settings: GateSettings) -> float:
     """Optuna's constraint for a trial, computed once (0: feasible). A failure or any quality
     refusal is infeasible, scaled by how far an SLO was broken where that is what refused it."""
-    if result.get("status") != "ok":
+    if not result.ok:
         return 1.0
     if verdict.quality_ok:
         return 0.0
     worst = 0.0
     for key, bound in (("ttft_ms", settings.ttft_p99_ms_max), ("itl_ms", settings.itl_p99_ms_max)):
-        p99 = (result["bench"].get(key) or {}).get("p99")
+        p99 = getattr(result.bench, key).get("p99")
         if bound and p99 is not None:
             worst = max(worst, p99 / bound - 1)
     return round(max(worst, 1e-3), 4) if worst > 0 else 1.0

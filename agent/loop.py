@@ -22,6 +22,7 @@ from agent.ledger import LearnedRule, Ledger, RangeChange, Repeat, Run, Trial, W
 from agent.planner import BuiltinPlanner, Planner
 from agent.space import Space
 from agent.stats import compare, interval
+from sandbox.result import TrialResult
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
 # After this many asks in a row that only repeat answered points, the space is spent.
@@ -30,7 +31,7 @@ MAX_REPEATS_IN_A_ROW = 200
 
 class Engine(Protocol):
     def evaluate(self, spec: dict, trial_dir: Path, timeout_s: float,
-                 on_phase: Callable[[str], None] = ...) -> dict: ...
+                 on_phase: Callable[[str], None] = ...) -> TrialResult: ...
 
     def defaults(self, model: str, names: list[str]) -> dict[str, list | None]: ...
 
@@ -360,9 +361,12 @@ def next_near(near: list[dict], seen: dict, space: Space) -> dict | None:
 
 
 def spent(history: list[Trial], settings: Settings) -> bool:
+    """--max-trials counts candidates that ran: a skipped point never started, and one a crash cut
+    (interrupted) is measured again after the resume, so neither uses up a trial."""
     if settings.max_trials is None:
         return False
-    return sum(1 for t in history if t.source in CANDIDATES and t.status != "skipped") >= settings.max_trials
+    return sum(1 for t in history if t.source in CANDIDATES and t.status not in ("skipped", "interrupted")) \
+        >= settings.max_trials
 
 
 def narrowed(space: Space, changes: list[RangeChange]) -> Space:
@@ -425,36 +429,34 @@ def best_ratio(history: list[Trial]) -> float | None:
 
 
 def run_worker(run: Run, row: Trial, settings: Settings, engine: Engine, timeout_s: float, say: Callable,
-               suffix: str = "", **extra) -> dict:
+               suffix: str = "", **extra) -> TrialResult:
     trial_dir = home_of(run, settings) / run.id / f"trial-{row.number:03d}{suffix}"
-    started = utcnow()
     t0 = time.monotonic()
     result = engine.evaluate(spec_for(run, settings, row.flags, row.env, **extra), trial_dir, timeout_s,
                              on_phase=lambda phase: say("phase", number=row.number, phase=phase))
-    result.setdefault("timings", {})["total_s"] = round(time.monotonic() - t0, 1)
-    result["started_at"] = started
+    result.timings["total_s"] = round(time.monotonic() - t0, 1)
     return result
 
 
-def record(ledger: Ledger, row: Trial, result: dict) -> None:
-    failure = result.get("failure") or {}
-    bench, quality = result.get("bench") or {}, result.get("quality") or {}
+def record(ledger: Ledger, row: Trial, result: TrialResult) -> None:
+    failure, bench, quality = result.failure, result.bench, result.quality
     values = dict(
-        status=result.get("status", "failed"), failure_class=failure.get("class"),
-        failure_message=failure.get("message"), failure_cause=failure.get("cause"),
-        failed_phase=result.get("failed_phase"), log_tail=failure.get("log_tail") or None,
-        tps=gate.figure(bench) if bench else None, ppl=quality.get("ppl"),
-        heldout_tps=gate.figure(result["bench_heldout"]) if result.get("bench_heldout") else None,
-        errors=bench.get("errors"),
-        ttft_p99_ms=(bench.get("ttft_ms") or {}).get("p99"), itl_p99_ms=(bench.get("itl_ms") or {}).get("p99"),
-        metrics=result.get("metrics") or {}, greedy=[g["token_ids"] for g in quality.get("greedy") or []] or None,
-        top_logprobs=[g.get("top_logprobs") for g in quality.get("greedy") or []] or None,
-        timings=result.get("timings") or {}, log_path=result.get("log_path"),
-        meter={**(result.get("workload") or {}), "quality": result.get("quality_set")}, finished_at=utcnow(),
-        measured={"ttft_ms": bench.get("ttft_ms"), "itl_ms": bench.get("itl_ms"), "repeats_tps": bench.get("repeats_tps"),
-                  "finish": bench.get("finish"), "tpot_ms": bench.get("tpot_ms"), "goodput": bench.get("goodput"),
-                  "engine": result.get("engine"), "hardware": result.get("hardware"), "device": result.get("device")})
-    repeats = [x for x in bench.get("repeats_tps") or [] if x and x > 0]
+        status=result.status, failure_class=failure and failure.klass,
+        failure_message=failure and failure.message, failure_cause=failure and failure.cause,
+        failed_phase=result.failed_phase, log_tail=(failure and failure.log_tail) or None,
+        tps=bench.value if bench else None, ppl=quality.ppl if quality else None,
+        heldout_tps=result.bench_heldout.value if result.bench_heldout else None,
+        errors=bench.errors if bench else None,
+        ttft_p99_ms=bench.ttft_ms.get("p99") if bench else None, itl_p99_ms=bench.itl_ms.get("p99") if bench else None,
+        metrics=result.metrics or {}, greedy=(quality and quality.token_ids) or None,
+        top_logprobs=(quality and quality.top_logprobs) or None,
+        timings=result.timings, log_path=result.log_path,
+        meter={**result.workload, "quality": result.quality_set}, finished_at=utcnow(),
+        measured={**({"ttft_ms": bench.ttft_ms, "itl_ms": bench.itl_ms, "repeats_tps": bench.repeats_tps,
+                      "finish": bench.finish, "tpot_ms": bench.tpot_ms, "goodput": bench.goodput} if bench else
+                     dict.fromkeys(("ttft_ms", "itl_ms", "repeats_tps", "finish", "tpot_ms", "goodput"))),
+                  "engine": result.engine, "hardware": result.hardware, "device": result.device})
+    repeats = [x for x in (bench.repeats_tps if bench else []) if x and x > 0]
     if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`
         values["tps_interval"] = [round(x, 3) for x in interval(repeats)]
     # Only while the row is still running: a worker declared lost mid-trial finds it interrupted.
@@ -464,7 +466,7 @@ def record(ledger: Ledger, row: Trial, result: dict) -> None:
     for key, value in values.items():
         setattr(row, key, value)
     with ledger.session.begin() as s:
-        for tps in bench.get("repeats_tps") or []:
+        for tps in bench.repeats_tps if bench else []:
             s.add(Repeat(trial_id=row.id, instance=0, tps=tps))
 
 
@@ -584,8 +586,8 @@ def run_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, eng
     result = run_worker(run, row, settings, engine, max(seconds_left(run.deadline_at), 1), say,
                         heldout_bench=source == "aa")
     record(ledger, row, result)
-    if result.get("status") != "ok":
-        failure = result.get("failure") or {}
+    if not result.ok:
+        failure = result.failure
         if seconds_left(run.deadline_at) <= 1:   # cut by the deadline: the budget, not the defaults, fell short
             took = [t.timings.get("total_s", 0) for t in ledger.trials(run.id)
                     if t.source in DEFAULTS_SOURCES and t.status == "ok"]
@@ -593,7 +595,7 @@ def run_defaults(run: Run, settings: Settings, space: Space, ledger: Ledger, eng
             raise BaselineFailed(f"the budget ended while the defaults were measured ({len(took)} instance(s) done{per}): "
                                  f"the baseline and the A/A check need {settings.baseline_instances + 1} before any "
                                  f"candidate; give a longer --budget")
-        raise BaselineFailed(f"the defaults failed ({failure.get('class')}): {failure.get('message')}")
+        raise BaselineFailed(f"the defaults failed ({failure.klass}): {failure.message}")
     return ledger.trial(run.id, row.number)
 
 
@@ -635,22 +637,22 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
                         prune_below_tps=gate.prune_below(base) if settings.prune else None,
                         quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None)
     record(ledger, row, result)
-    if result.get("status") == "pruned" or result.get("quality_skipped"):
+    if result.status == "pruned" or result.quality_skipped:
         cut_short(row, result, base, ledger, say)
         return
     verdict = gate.check(result, base, row.lossless, settings.gate)
     constraint = gate.constraint(verdict, result, settings.gate)
     rule = (base.calibration.rule + (f", tau {base.calibration.tau:.3f}" if base.calibration.rule == "calibrated"
                                      else "")) if row.lossless else "lossy: greedy outputs not required"
-    ledger.update(row, gate_passed=verdict.passed if result.get("status") == "ok" else False,
+    ledger.update(row, gate_passed=verdict.passed if result.ok else False,
                   gate_reasons=verdict.reasons, tps_ratio=verdict.tps_ratio, ppl_change=verdict.ppl_change,
                   agreement=verdict.agreement, kl=verdict.kl, flips=[f.as_dict() for f in verdict.flips] or None,
                   rule=rule, drift=base.drift, constraint=constraint,
                   search_interval=[round(verdict.search.low, 4), round(verdict.search.high, 4)] if verdict.search else None,
                   tps_corrected=round(row.tps / base.drift, 3) if row.tps else None,
-                  decision="failed" if result.get("status") != "ok" else
+                  decision="failed" if not result.ok else
                   ("awaiting_recheck" if verdict.passed and settings.recheck else None if verdict.passed else "refused"))
-    if result.get("status") != "ok":
+    if not result.ok:
         say("result", number=row.number, row=row)
         return
     if verdict.passed and (by := slower_than_proposed(row, history, base, settings.gate)):
@@ -665,13 +667,13 @@ def evaluate(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
     say("result", number=row.number, row=ledger.trial(run.id, row.number))
 
 
-def cut_short(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Callable) -> None:
+def cut_short(row: Trial, result: TrialResult, base: Baseline, ledger: Ledger, say: Callable) -> None:
     """A candidate measured only for speed: its benchmark stopped because it could not reach the
     defaults (`pruned`; Optuna hears PRUNED with the partial ratio), or run to the end but not faster
     than them (`speed-only`: no quality verdict could change the outcome). Feasible for Optuna, no
     held-out decision."""
-    ratio = round(gate.figure(result["bench"]) / (base.tps * base.drift), 4)
-    if p := result.get("pruned"):
+    ratio = round(result.bench.value / (base.tps * base.drift), 4)
+    if p := result.pruned:
         decision = "pruned"
         why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} tok/s, "
                f"below {p['below_tps']:.2f} (the defaults' {base.tps * base.drift:.2f} less the spread of one "
@@ -679,7 +681,7 @@ def cut_short(row: Trial, result: dict, base: Baseline, ledger: Ledger, say: Cal
     else:
         decision = "speed-only"
         why = (f"not faster on the search prompts: {ratio:.3f}x the defaults; quality not measured "
-               f"(speed only: {result['quality_skipped']})")
+               f"(speed only: {result.quality_skipped})")
     finish(ledger, row, tps_ratio=ratio, gate_passed=False, decision=decision, constraint=0.0, drift=base.drift,
            tps_corrected=round(row.tps / base.drift, 3), gate_reasons=[why])
     say("result", number=row.number, row=ledger.trial(row.run_id, row.number))
@@ -705,8 +707,10 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
     meter = load_workload(settings.workload).with_split("heldout")
     inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
     times: list[float] = []
+    measured: list[TrialResult] = []
 
-    def instance(target: Trial, suffix: str, like: Trial = row) -> dict:
+    def instance(target: Trial, suffix: str, like: Trial = row) -> float:
+        """One fresh server of `target` measured on the held-out prompts: its figure."""
         # As long as the slowest held-out instance so far, or as the config's own measured phases: an
         # instance of the defaults can be slower than the candidate's (a fresh clone's was killed at
         # its deadline when the candidate's held-out time stood for it).
@@ -717,12 +721,11 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
         say("phase", number=row.number, phase=f"held-out instance {suffix}")
         result = run_worker(run, target, settings, engine, max(seconds_left(run.deadline_at), 1), say,
                             suffix=f"-heldout{suffix}", workload=inline, quality="none")
-        times.append(result["timings"]["total_s"])
-        if result.get("status") != "ok":
-            failure = result.get("failure") or {}
-            raise MeasureFailed(f"a held-out instance failed: {failure.get('class')}: "
-                                f"{(failure.get('message') or '')[:200]}")
-        return result
+        times.append(result.timings["total_s"])
+        if not result.ok:
+            raise MeasureFailed(f"a held-out instance failed: {result.failure.klass}: {result.failure.message[:200]}")
+        measured.append(result)
+        return result.bench.value
 
     defaults_row = next(t for t in history if t.source == "baseline")
 
@@ -731,25 +734,25 @@ def held_out(run: Run, row: Trial, settings: Settings, ledger: Ledger, engine: E
                                  flags=defaults_row.flags, env=defaults_row.env, lossless=True,
                                  rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
-            result = instance(extra, "", like=max((t for t in history if t.source in ("baseline", "aa")
-                                                   and t.status == "ok"), key=lambda t: budget.heldout_instance_s(t.timings)))
+            tps = instance(extra, "", like=max((t for t in history if t.source in ("baseline", "aa")
+                                                and t.status == "ok"), key=lambda t: budget.heldout_instance_s(t.timings)))
         except MeasureFailed as e:
             finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
             raise
-        tps = gate.figure(result["bench"])
+        result = measured[-1]
         finish(ledger, extra, status="ok", heldout_tps=tps, decision="extra", constraint=0.0,
-               meter=result.get("workload") or {}, timings=result.get("timings") or {}, log_path=result.get("log_path"),
+               meter=result.workload, timings=result.timings, log_path=result.log_path,
                gate_reasons=[f"extra instance of the defaults for trial {row.number}'s held-out decision"])
         return tps
 
     counter = iter(range(2, 1000))
     try:
-        first = gate.figure(instance(row, "-1")["bench"])
+        first = instance(row, "-1")
     except MeasureFailed as e:
         ledger.update(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
         return False
     first_s = times[0]
-    decision = gate.decide(first, base, settings.gate, lambda: gate.figure(instance(row, f"-{next(counter)}")["bench"]),
+    decision = gate.decide(first, base, settings.gate, lambda: instance(row, f"-{next(counter)}"),
                            more_defaults, row.tps_ratio)
     c = decision.comparison
     values = sorted(decision.candidate)

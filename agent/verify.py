@@ -22,7 +22,6 @@ import git
 
 from agent import hub
 from agent.ledger import Ledger
-from agent.gate import figure
 from agent.stats import Noise, compare, pooled_noise
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
@@ -68,10 +67,9 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, m
         for name, spec in specs.items():
             say(f"round {i + 1}/{max_rounds}: {name} on a fresh server ({split} prompts)")
             result = engine.evaluate(spec, out_dir / f"round{i + 1}-{name}", timeout_s=1800)
-            if result.get("status") != "ok":
-                failure = result.get("failure") or {}
-                raise VerifyError(f"{name} failed in round {i + 1}: {failure.get('class')}: {failure.get('message')}")
-            figures[name].append(figure(result["bench"]))
+            if not result.ok:
+                raise VerifyError(f"{name} failed in round {i + 1}: {result.failure.klass}: {result.failure.message}")
+            figures[name].append(result.bench.value)
         noise = pooled_noise([run_defaults, figures["defaults"], figures["candidate"]], prior)
         c = compare(figures["candidate"], figures["defaults"], noise, level=0.975)
         if band[0] <= c.low and c.high <= band[1]:

@@ -26,13 +26,11 @@ from typing import Callable
 
 import httpx
 
-from sandbox import bench, goodput, host, metrics, quality, spec as specs
+from sandbox import bench, goodput, host, metrics, quality, result as results, spec as specs
 from sandbox.failures import TrialFailure, log_tail
+from sandbox.result import Figures, Quality, TrialResult
 from sandbox.server import VLLM_LAUNCHER, Server
 from sandbox.workload import latency_of
-
-RESULT_VERSION = 1
-
 
 class Interrupted(BaseException):
     """SIGTERM or SIGINT reached the worker: end the trial, tear down, report."""
@@ -97,7 +95,7 @@ def _span(workload, repeats: int) -> float:
 
 def goodput_on(server: Server, workload, bench_s: float, phase: str,
                on_point: Callable[[str], None] = lambda detail: None,
-               on_measured: Callable[[goodput.Point], None] = lambda point: None) -> dict:
+               on_measured: Callable[[goodput.Point], None] = lambda point: None) -> Figures:
     """The objective goodput on one server: rate points, each a fresh draw of the workload's split on
     the same seeded arrival pattern scaled to its rate (sandbox.goodput). The instance's figure is
     the highest rate that held its SLOs; the latencies shown are that point's. on_point hears of a
@@ -142,9 +140,9 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
                                          f"a faster trace:SCALE)")
     held = [m for m, p in zip(measured, found.points) if p.held and p.rate == found.bounds[0]]
     shown = held[0] if held else measured[0]
-    return {**shown.to_dict(), "objective": "goodput", "figure": found.rate, "goodput": found.as_dict(),
-            "repeats_tps": [found.rate], "points_tps": [m.tps for m in measured],
-            "draw_hashes": [m.draw_hash for m in measured]}
+    return Figures(**shown.to_dict(), objective="goodput", figure=found.rate, goodput=found.as_dict(),
+                   repeats_tps=[found.rate], points_tps=[m.tps for m in measured],
+                   draw_hashes=[m.draw_hash for m in measured])
 
 
 class TrialRun:
@@ -157,28 +155,23 @@ class TrialRun:
                  port: int | None):
         self.spec, self.log_path, self.progress = spec, log_path, progress
         workload = spec.workload
-        self.result: dict = {
-            "result_version": RESULT_VERSION, "status": "ok", "failure": None,
-            "started_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "model": spec.model, "flags": spec.flags, "env": spec.env,
-            "engine": host.engine(), "hardware": host.hardware(),
-            "workload": {"name": workload.name, "meter_version": workload.meter_version,
-                         "hash": workload.hash, "prompt_split": workload.prompt_split, **workload.summary()},
-            "quality_set": {"name": spec.quality.name, "hash": spec.quality.hash} if spec.quality else None,
-            "timings": {}, "bench": None, "metrics": None, "quality": None, "log_path": str(log_path),
-        }
         args = (spec.server_args() + (["--trust-remote-code"] if spec.trust_remote_code else [])
                 + (["--chat-template", workload.chat_template] if workload.chat_template else []))
         self.server = Server(spec.model, args, spec.env, log_path, port=port, launcher=launcher)
-        self.result["argv"] = self.server.argv[1:]
-        self.result["port"] = self.server.port
+        self.result = TrialResult(
+            started_at_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            model=spec.model, flags=spec.flags, env=spec.env, engine=host.engine(), hardware=host.hardware(),
+            workload={"name": workload.name, "meter_version": workload.meter_version, "hash": workload.hash,
+                      "prompt_split": workload.prompt_split, **workload.summary()},
+            quality_set={"name": spec.quality.name, "hash": spec.quality.hash} if spec.quality else None,
+            log_path=str(log_path), argv=self.server.argv[1:], port=self.server.port)
         self.phase = "start"
         self.clock = time.monotonic()
         self.bench_s = spec.deadlines.bench_s or bench.bench_deadline_s(workload)
 
     def lap(self, name: str) -> None:
         now = time.monotonic()
-        self.result["timings"][f"{name}_s"] = round(now - self.clock, 2)
+        self.result.timings[f"{name}_s"] = round(now - self.clock, 2)
         self.clock = now
 
     def enter(self, name: str, detail: str | None = None) -> None:
@@ -214,7 +207,7 @@ class TrialRun:
         self.enter("benchmark")
         spec, workload = self.spec, self.spec.workload
         if workload.objective == "goodput":
-            self.result["bench"] = self.goodput(workload)
+            self.result.bench = self.goodput(workload)
             self.lap("benchmark")
             return
         pruner = (bench.Pruner.for_workload(spec.prune_below_tps, workload)   # it bounds tokens/s: tps only
@@ -227,23 +220,23 @@ class TrialRun:
                 if runs[-1][0].errors or (pruner and pruner.pruned):
                     break
         measured, explained = sorted(runs, key=lambda r: r[0].tps)[len(runs) // 2]  # the median repeat's latencies
-        self.result["bench"] = pooled([r[0] for r in runs], measured, workload.objective)
-        self.result["metrics"] = explained
+        self.result.bench = pooled([r[0] for r in runs], measured, workload.objective)
+        self.result.metrics = explained
         self.lap("benchmark")
-        last, figures = runs[-1][0], self.result["bench"]   # a repeat with errors, or pruned, is the last one
+        last, figures = runs[-1][0], self.result.bench   # a repeat with errors, or pruned, is the last one
         if last.errors:
             raise TrialFailure("request_errors", f"{last.errors} of {last.requests} requests failed; "
                                                  f"first: {last.first_error}")
         if pruner and pruner.pruned:
-            self.result["status"] = "pruned"
-            self.result["pruned"] = {"after_requests": last.requests, "of": workload.num_prompts,
+            self.result.status = "pruned"
+            self.result.pruned = {"after_requests": last.requests, "of": workload.num_prompts,
                                      "upper_tps": round(pruner.upper_tps, 3), "below_tps": spec.prune_below_tps}
             return
-        if figures["output_tokens"] == 0 or figures["short_outputs"]:
-            raise TrialFailure("bad_output", f"{figures['short_outputs']} of {figures['requests']} requests did not "
+        if figures.output_tokens == 0 or figures.short_outputs:
+            raise TrialFailure("bad_output", f"{figures.short_outputs} of {figures.requests} requests did not "
                                              f"return the max_tokens asked for with ignore_eos")
 
-    def goodput(self, workload) -> dict:
+    def goodput(self, workload) -> Figures:
         return goodput_on(self.server, workload, self.bench_s, self.phase,
                           on_point=lambda detail: self.enter(self.phase, detail))
 
@@ -252,14 +245,14 @@ class TrialRun:
         spec = self.spec
         heldout = spec.workload.with_split("heldout")
         if heldout.objective == "goodput":
-            self.result["bench_heldout"] = {**self.goodput(heldout), "hash": heldout.hash}
+            self.result.bench_heldout = dataclasses.replace(self.goodput(heldout), hash=heldout.hash)
             self.lap("heldout")
             return
         with deadline((self.bench_s + _span(heldout, spec.repeats)) * spec.repeats + 10, self.phase):
             reps = [_repeat(self.server, heldout, r, self.bench_s)[0] for r in range(spec.repeats)]
         self.server.fail_if_dead(self.phase)
         median = sorted(reps, key=lambda r: r.tps)[len(reps) // 2]
-        self.result["bench_heldout"] = {**pooled(reps, median, heldout.objective), "hash": heldout.hash}
+        self.result.bench_heldout = dataclasses.replace(pooled(reps, median, heldout.objective), hash=heldout.hash)
         self.lap("heldout")
 
     def quality(self) -> None:
@@ -270,32 +263,33 @@ class TrialRun:
             greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality,
                                             spec.workload if spec.workload.traffic else None)
         server.fail_if_dead(self.phase)
-        self.result["quality"] = {"ppl": ppl.ppl, "nll": ppl.nll, "ppl_tokens": ppl.tokens,
-                                  "ppl_windows": ppl.windows, "greedy": greedy}
+        self.result.quality = Quality(ppl=ppl.ppl, nll=ppl.nll, ppl_tokens=ppl.tokens, ppl_windows=ppl.windows,
+                                      greedy=greedy)
         self.lap("quality")
 
     def teardown(self, device_before: int | None) -> None:
-        result, timings = self.result, self.result["timings"]
+        result, timings = self.result, self.result.timings
         if f"{self.phase}_s" not in timings:
             self.lap(self.phase)  # how long the failed phase ran before it ended
         cleanup = self.server.stop(self.spec.deadlines.teardown_s)
         self.lap("teardown")
-        result["cleanup"] = {"leftover_pids": cleanup.leftover_pids, "port_free": cleanup.port_free,
-                             "forced_kill": cleanup.forced_kill}
         held = host.wait_device_memory(device_before)
-        result["cleanup"]["device_memory_held"] = held
-        if (not cleanup.clean or held) and result["failure"] is None:
+        result.cleanup = {"leftover_pids": cleanup.leftover_pids, "port_free": cleanup.port_free,
+                          "forced_kill": cleanup.forced_kill, "device_memory_held": held}
+        if (not cleanup.clean or held) and result.failure is None:
             self.phase = "teardown"
             self.fail("unclean_teardown", held or f"processes {cleanup.leftover_pids} or port {self.server.port} "
                                                   "still held after teardown")
-        result["failed_phase"] = self.phase if result["failure"] else None
+        result.failed_phase = self.phase if result.failure else None
         self.enter("done")
 
     def fail(self, klass: str, message: str, tail: str = "", cause: str | None = None) -> None:
-        _fail(self.result, klass, message, tail, self.log_path, cause)
+        if not tail and self.log_path.exists():
+            tail = log_tail(self.log_path.read_text(errors="replace"))
+        self.result.fail(klass, message, tail, cause)
 
 
-def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: str = "tps") -> dict:
+def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: str = "tps") -> Figures:
     """An instance's figure over all its repeats: each repeat draws other requests, and every config gets
     the same draws, so the instance's TPS is its tokens over its time on all of them (a median repeat
     could be one draw for one config and another draw for the next). Latencies: the median repeat's.
@@ -310,15 +304,15 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
     for r in reps:
         for k, v in r.finish.items():
             finish[k] = finish.get(k, 0) + v
-    return {**median.to_dict(), "tps": round(tokens / wall, 3) if wall > 0 else 0.0, "output_tokens": tokens,
-            "wall_s": round(wall, 3), "requests": sum(r.requests for r in reps), "finish": finish,
-            "objective": objective, "figure": figure,
-            "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
-            "repeats_tps": [r.tps for r in reps], "draw_hashes": [r.draw_hash for r in reps]}
+    return Figures(**{**median.to_dict(), "tps": round(tokens / wall, 3) if wall > 0 else 0.0, "output_tokens": tokens,
+                      "wall_s": round(wall, 3), "requests": sum(r.requests for r in reps), "finish": finish,
+                      "objective": objective, "figure": figure,
+                      "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
+                      "repeats_tps": [r.tps for r in reps], "draw_hashes": [r.draw_hash for r in reps]})
 
 
 def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = None,
-              launcher: tuple[str, ...] = VLLM_LAUNCHER, port: int | None = None) -> dict:
+              launcher: tuple[str, ...] = VLLM_LAUNCHER, port: int | None = None) -> TrialResult:
     """Run every phase of one trial; never raises for a trial failure, always tears down.
 
     progress, when given, is rewritten with the phase in flight and the server's pid, for the
@@ -330,15 +324,14 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
         run.start()
         run.warmup()
         run.benchmark()
-        if run.result["status"] != "pruned":
+        if run.result.status != "pruned":
             if spec.heldout_bench:
                 run.heldout()
             if spec.quality is not None:  # None: a speed re-check, quality was measured already
-                if spec.quality_above_tps is None or run.result["bench"]["figure"] > spec.quality_above_tps:
+                if spec.quality_above_tps is None or run.result.bench.value > spec.quality_above_tps:
                     run.quality()
                 else:   # too slow to be accepted whatever its quality: the seconds go to the next trial
-                    run.result["quality_skipped"] = (f"{run.result['bench']['figure']} is not above "
-                                                     f"{spec.quality_above_tps}")
+                    run.result.quality_skipped = f"{run.result.bench.value} is not above {spec.quality_above_tps}"
     except TrialFailure as failure:
         run.fail(failure.klass, failure.message, failure.log_tail, failure.cause)
     except PhaseTimeout:
@@ -363,13 +356,6 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
         run.teardown(device_before)
         signal.signal(signal.SIGTERM, previous)
     return run.result
-
-
-def _fail(result: dict, klass: str, message: str, tail: str, log_path: Path, cause: str | None = None) -> None:
-    if not tail and log_path.exists():
-        tail = log_tail(log_path.read_text(errors="replace"))
-    result["status"] = "failed"
-    result["failure"] = {"class": klass, "message": message, "log_tail": tail, "cause": cause}
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -405,18 +391,17 @@ def main(argv: list[str] | None = None) -> int:
         spec = specs.load(args.spec)
     except specs.SpecError as e:
         print(f"error: {e}", file=sys.stderr)
-        write_json(args.out, {"result_version": RESULT_VERSION, "status": "failed", "log_path": None,
-                              "failure": {"class": "invalid_config", "message": str(e), "log_tail": ""}})
+        results.write(args.out, results.failed("invalid_config", str(e)))
         return 2
     if spec.model == "embedded":
         from sandbox.model import prepare  # the embedded default is built on first use
 
         spec = dataclasses.replace(spec, model=str(prepare(say=lambda m: print(m, file=sys.stderr))))
     result = run_trial(spec, log_path, args.progress)
-    write_json(args.out, result)
-    line = (f"{result['status']}: {result['failure']['class']}: {result['failure']['message']}"
-            if result["failure"] else f"pruned: {result['pruned']}" if result["status"] == "pruned" else
-            f"ok: {result['bench']['tps']} tok/s, ppl {(result['quality'] or {}).get('ppl')}")
+    results.write(args.out, result)
+    line = (f"{result.status}: {result.failure.klass}: {result.failure.message}" if result.failure else
+            f"pruned: {result.pruned}" if result.status == "pruned" else
+            f"ok: {result.bench.tps} tok/s, ppl {result.quality.ppl if result.quality else None}")
     print(line, file=sys.stderr)
     return 0
 

@@ -27,6 +27,7 @@ from agent.gate import (GateSettings, Instance, baseline_of, check, decide, gree
                         more_defaults_wanted)
 from agent.stats import Noise  # noqa: E402
 from sim_engine import SimulatedEngine  # noqa: E402
+from sandbox.result import TrialResult  # noqa: E402
 from agent.loop import Settings  # noqa: E402
 
 DEFAULTS = {"flags": {}, "env": {}}
@@ -34,15 +35,15 @@ FAST = {"flags": {}, "env": {"GAIN": "on"}}
 TMP = Path("/tmp/gate-oc")
 
 
-def measure(engine: SimulatedEngine, config: dict, heldout_bench: bool = False, quality: bool = True) -> dict:
+def measure(engine: SimulatedEngine, config: dict, heldout_bench: bool = False, quality: bool = True) -> TrialResult:
     spec = {**config, "workload": "challenge", "repeats": 2, "heldout_bench": heldout_bench,
             "quality": "default" if quality else "none"}
     return engine.evaluate(spec, TMP, 60)
 
 
-def instance(result: dict) -> Instance:
-    return Instance(result["bench"]["tps"], (result.get("bench_heldout") or {}).get("tps"),
-                    result["quality"]["ppl"], greedy_of(result))
+def instance(result: TrialResult) -> Instance:
+    return Instance(result.bench.tps, result.bench_heldout.tps if result.bench_heldout else None,
+                    result.quality.ppl, greedy_of(result))
 
 
 def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings, baseline_instances: int) -> tuple[bool, int]:
@@ -63,10 +64,10 @@ def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings, base
     screened = check(result, base, lossless=True, settings=settings)
     if not screened.passed:
         return False, spent
-    first_heldout = measure(engine, config, quality=False)["bench"]["tps"]
+    first_heldout = measure(engine, config, quality=False).bench.tps
 
     def more(cfg):
-        return lambda: measure(engine, cfg, quality=False)["bench"]["tps"]
+        return lambda: measure(engine, cfg, quality=False).bench.tps
 
     decision = decide(first_heldout, base, settings, more(config), more(DEFAULTS), screened.tps_ratio)
     spent += len(decision.candidate) + len(decision.extra_defaults)
@@ -78,23 +79,23 @@ def old_gate(engine: SimulatedEngine, config: dict) -> tuple[bool, int]:
     must beat 1 + noise with 100% greedy agreement, then one held-out instance must beat 1 + noise
     and stay within 5% + twice the noise of the search ratio."""
     defaults = [measure(engine, DEFAULTS, heldout_bench=True) for _ in range(2)]
-    tps = statistics.median(d["bench"]["tps"] for d in defaults)
-    held = statistics.median(d["bench_heldout"]["tps"] for d in defaults)
-    noise = max(abs(d["bench"]["tps"] - tps) for d in defaults) / tps
-    ref = [g["token_ids"] for g in defaults[0]["quality"]["greedy"]]
+    tps = statistics.median(d.bench.tps for d in defaults)
+    held = statistics.median(d.bench_heldout.tps for d in defaults)
+    noise = max(abs(d.bench.tps - tps) for d in defaults) / tps
+    ref = defaults[0].quality.token_ids
     result = measure(engine, config)
-    ratio = result["bench"]["tps"] / tps
-    if [g["token_ids"] for g in result["quality"]["greedy"]] != ref or ratio <= 1 + noise:
+    ratio = result.bench.tps / tps
+    if result.quality.token_ids != ref or ratio <= 1 + noise:
         return False, 1
-    heldout = measure(engine, config, quality=False)["bench"]["tps"] / held
+    heldout = measure(engine, config, quality=False).bench.tps / held
     return heldout > 1 + noise and heldout >= ratio * (1 - 0.05 - 2 * noise), 2
 
 
 def old_aa_passes(engine: SimulatedEngine) -> bool:
     defaults = [measure(engine, DEFAULTS, heldout_bench=True) for _ in range(2)]
-    ref = [g["token_ids"] for g in defaults[0]["quality"]["greedy"]]
+    ref = defaults[0].quality.token_ids
     aa = measure(engine, DEFAULTS)
-    return [g["token_ids"] for g in aa["quality"]["greedy"]] == ref
+    return aa.quality.token_ids == ref
 
 
 def new_aa_passes(engine: SimulatedEngine, settings: GateSettings, baseline_instances: int) -> bool:

@@ -84,10 +84,10 @@ def measure(server: Server, workload, on_measured) -> dict:
     t0 = time.monotonic()
     found = worker.goodput_on(server, workload, bench.bench_deadline_s(workload), "benchmark",
                               on_measured=on_measured)
-    g = found["goodput"]
+    g = found.goodput
     return {"goodput": g["rate"], "bounds": g["bounds"], "converged": g["converged"], "points": len(g["points"]),
-            "ttft_p99_ms": found["ttft_ms"].get("p99"), "itl_p99_ms": found["itl_ms"].get("p99"),
-            "tpot_p99_ms": found["tpot_ms"].get("p99"), "percentile": g["points"][0]["percentile"],
+            "ttft_p99_ms": found.ttft_ms.get("p99"), "itl_p99_ms": found.itl_ms.get("p99"),
+            "tpot_p99_ms": found.tpot_ms.get("p99"), "percentile": g["points"][0]["percentile"],
             "slo": g["slo"], "seconds": round(time.monotonic() - t0, 1), "detail": g["points"]}
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 import random
 
+from sandbox.result import Failure, Figures, Quality, TrialResult
+
 PROMPTS, TOKENS = 32, 64
 BENCH_TOKENS = 24 * 64          # the measured requests' output tokens (a CPU meter)
 CONFIG_REFUSAL = ("1 validation error for VllmConfig: Value error, ngram speculation needs chunked prefill "
@@ -102,15 +104,13 @@ class SimulatedEngine:
                      and flags.get("enable-prefix-caching") is False else None):
             if said:
                 self.clock += start_s / 2
-                return {"status": "failed", "failure": {"class": "invalid_config", "log_tail": said,
-                                                        "message": f"server exited with code 1 during start: {said}",
-                                                        "cause": said},
-                        "failed_phase": "start", "timings": {"start_s": start_s / 2}, "workload": {}}
+                return TrialResult(status="failed", failed_phase="start", timings={"start_s": start_s / 2},
+                                   failure=Failure("invalid_config", f"server exited with code 1 during start: {said}",
+                                                   said, cause=said))
         seqs, tokens = flags.get("max-num-seqs", 256), flags.get("max-num-batched-tokens", 2048)
         if seqs * 8 > tokens * 4 and tokens > 4096:  # large batches with large steps: out of memory
             self.clock += start_s
-            return {"status": "failed", "failure": {"class": "oom", "message": "simulated: out of memory",
-                                                    "log_tail": ""}, "timings": {}, "workload": {}}
+            return TrialResult(status="failed", failure=Failure("oom", "simulated: out of memory"))
         instance = math.exp(self.rng.gauss(0.0, self.noise))   # this server's own speed
         tps = self.speed(flags, env) * instance
         repeats = [tps * math.exp(self.rng.gauss(0.0, self.noise / 3)) for _ in range(max(1, spec.get("repeats", 1)))]
@@ -121,26 +121,25 @@ class SimulatedEngine:
         if spec.get("prune_below_tps") and tps * 4 / 3 < spec["prune_below_tps"]:   # the Pruner after 3 of 24
             timings["benchmark_s"] = bench_s * 3 / 24 / max(1, spec.get("repeats", 1))
             self.clock += sum(timings.values())
-            return {"status": "pruned", "failure": None, "log_path": str(trial_dir / "server.log"),
-                    "pruned": {"after_requests": 3, "of": 24, "upper_tps": round(tps * 4 / 3, 3),
-                               "below_tps": spec["prune_below_tps"]},
-                    "workload": {"name": str(spec["workload"]), "hash": "simulated", "meter_version": 1},
-                    "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps], "requests": 3},
-                    "quality": None, "metrics": {}, "timings": timings}
+            return TrialResult(status="pruned", log_path=str(trial_dir / "server.log"),
+                               pruned={"after_requests": 3, "of": 24, "upper_tps": round(tps * 4 / 3, 3),
+                                       "below_tps": spec["prune_below_tps"]},
+                               workload={"name": str(spec["workload"]), "hash": "simulated", "meter_version": 1},
+                               bench=Figures(tps=round(tps, 3), repeats_tps=[tps], requests=3), metrics={},
+                               timings=timings)
         if spec.get("quality") != "none":
             timings["quality_s"] = self.quality_s
         if spec.get("heldout_bench"):
             timings["heldout_s"] = bench_s
         self.clock += sum(timings.values())
-        bench = {"tps": round(sorted(repeats)[len(repeats) // 2], 3), "errors": 0, "repeats_tps": repeats,
-                 "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}}
-        return {
-            "status": "ok", "failure": None, "log_path": str(trial_dir / "server.log"),
-            "bench_heldout": {"tps": round(tps * math.exp(self.rng.gauss(0.0, self.noise / 3)), 3)}
+        bench = Figures(tps=round(sorted(repeats)[len(repeats) // 2], 3), repeats_tps=repeats,
+                        ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0})
+        return TrialResult(
+            status="ok", log_path=str(trial_dir / "server.log"),
+            bench_heldout=Figures(tps=round(tps * math.exp(self.rng.gauss(0.0, self.noise / 3)), 3))
             if spec.get("heldout_bench") else None,
-            "workload": {"name": str(spec["workload"]), "hash": "simulated", "meter_version": 1},
-            "bench": bench,
-            "quality": None if spec.get("quality") == "none" else {"ppl": ppl, "greedy": self.greedy(lossy)},
-            "metrics": {"kv_cache_usage_max": 0.01, "requests_waiting_max": 0},
-            "timings": timings, "engine": {"name": "simulated", "version": "0"}, "hardware": {"kind": "cpu"},
-        }
+            workload={"name": str(spec["workload"]), "hash": "simulated", "meter_version": 1},
+            bench=bench,
+            quality=None if spec.get("quality") == "none" else Quality(ppl=ppl, greedy=self.greedy(lossy)),
+            metrics={"kv_cache_usage_max": 0.01, "requests_waiting_max": 0},
+            timings=timings, engine={"name": "simulated", "version": "0"}, hardware={"kind": "cpu"})

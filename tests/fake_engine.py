@@ -1,18 +1,28 @@
 """A deterministic engine at the worker seam, for testing the loop in seconds.
 
-TPS is an analytic function of the flags; some regions fail the way real vLLM does. Results have
-the worker's shape, so the loop, gate, ledger and git see what they would see from a real trial.
+TPS is an analytic function of the flags; some regions fail the way real vLLM does. Results are the
+worker's type (sandbox.result.TrialResult, held to a real worker's by test_worker_plumbing), so the
+loop, gate, ledger and git see what they would see from a real trial; the pre-flight answers as
+sandbox.preflight does, so the loop's tests run with it on, as `agent run` does.
 """
 
 import time
 
+from sandbox.result import Failure, Figures, Quality, TrialResult
 from sandbox.workload import load_workload
 
 GREEDY = [[10 + i, 20 + i, 30 + i] for i in range(8)]
 # Each position's top-2, keyed by token id as the worker records them: clear choices everywhere.
 TOPS = [[{str(t): -0.05, str(t + 100): -3.0} for t in g] for g in GREEDY]
+# What the fake's pre-flight refuses, as vLLM's config classes refuse a combination (sandbox.preflight).
+PREFLIGHT_REFUSAL = ("1 validation error for VllmConfig: ngram speculation is not supported with enforce_eager "
+                     "(num_speculative_tokens={k})")
 DEFAULTS = {"dtype": ["auto", "bfloat16"], "kv-cache-dtype": ["auto"], "VLLM_CPU_OMP_THREADS_BIND": ["auto"],
             "speculative-config.method": ["none"], "enforce-eager": [False], "max-num-seqs": None}
+
+
+def refused_at_preflight(flags: dict) -> bool:
+    return bool(flags.get("enforce-eager")) and "speculative-config" in flags
 
 
 class FakeEngine:
@@ -26,6 +36,14 @@ class FakeEngine:
         self.calls = 0
         self.slowdown, self.speculation_heldout = slowdown, speculation_heldout
         self.specs = []
+        self.preflights: list[dict] = []
+
+    def preflight(self, model, flags, env):
+        """The pre-flight's answer (agent.engine.WorkerEngine.preflight's shape): one refusal, in vLLM's words."""
+        self.preflights.append(flags)
+        if refused_at_preflight(flags):
+            return {"ok": False, "message": PREFLIGHT_REFUSAL.format(k=flags["speculative-config"].get("num_speculative_tokens", 0))}
+        return {"ok": True}
 
     def defaults(self, model, names):
         return {n: DEFAULTS.get(n) for n in names}
@@ -45,8 +63,8 @@ class FakeEngine:
         flags, env = spec["flags"], spec["env"]
         on_phase("start")
         if flags.get("max-num-seqs", 1) > 128:
-            return {"status": "failed", "failure": {"class": "oom", "message": "fake: out of memory", "log_tail": "OOM"},
-                    "timings": {}, "workload": self.meter(spec)}
+            return TrialResult(status="failed", failure=Failure("oom", "fake: out of memory", "OOM"),
+                               workload=self.meter(spec))
         tps = 18.0 * (1.5 if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" else 1.0)
         tps *= 0.8 if flags.get("enforce-eager") else 1.0
         for (flag, value), factor in self.factors.items():
@@ -58,12 +76,11 @@ class FakeEngine:
         if self.slowdown and self.calls > self.slowdown[0]:
             tps *= self.slowdown[1]
         if spec.get("prune_below_tps") and tps < spec["prune_below_tps"]:   # the worker's Pruner, in one line
-            return {"status": "pruned", "failure": None, "log_path": str(trial_dir / "server.log"),
-                    "pruned": {"after_requests": 3, "of": 4, "upper_tps": round(tps * 4 / 3, 3),
-                               "below_tps": spec["prune_below_tps"]},
-                    "workload": self.meter(spec),
-                    "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps], "requests": 3},
-                    "quality": None, "metrics": {}, "timings": {"start_s": 0.01, "benchmark_s": 0.01}}
+            return TrialResult(status="pruned", log_path=str(trial_dir / "server.log"),
+                               pruned={"after_requests": 3, "of": 4, "upper_tps": round(tps * 4 / 3, 3),
+                                       "below_tps": spec["prune_below_tps"]},
+                               workload=self.meter(spec), bench=Figures(tps=round(tps, 3), repeats_tps=[tps], requests=3),
+                               metrics={}, timings={"start_s": 0.01, "benchmark_s": 0.01})
         ppl = 8.5 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 8.0
         skip_quality = spec.get("quality_above_tps") is not None and tps <= spec["quality_above_tps"]
         greedy = [list(g) for g in GREEDY]
@@ -72,15 +89,14 @@ class FakeEngine:
         # Under the objective goodput the worker's figure is requests/s within the SLOs: here tps / 20.
         goodput = load_workload(spec["workload"]).objective == "goodput"
         figure = (lambda x: {"objective": "goodput", "figure": round(x / 20, 4)}) if goodput else (lambda x: {})
-        return {
-            "status": "ok", "failure": None, "log_path": str(trial_dir / "server.log"),
-            "bench_heldout": {"tps": round(tps * 0.97, 3), **figure(tps * 0.97)} if spec.get("heldout_bench") else None,
-            "workload": self.meter(spec),
-            "bench": {"tps": round(tps, 3), "errors": 0, "repeats_tps": [tps, tps * 1.002, tps * 0.998],
-                      "ttft_ms": {"p99": 50.0}, "itl_ms": {"p99": 40.0}, **figure(tps)},
-            **({"quality_skipped": "slower"} if skip_quality else {}),
-            "quality": None if spec.get("quality") == "none" or skip_quality else
-                       {"ppl": ppl, "greedy": [{"token_ids": g, "top_logprobs": t} for g, t in zip(greedy, TOPS)]},
-            "metrics": {"kv_cache_usage_max": 0.1}, "timings": {"start_s": 0.01},
-            "engine": {"name": "fake", "version": "0"}, "hardware": {"kind": "cpu"},
-        }
+        return TrialResult(
+            status="ok", log_path=str(trial_dir / "server.log"),
+            bench_heldout=Figures(tps=round(tps * 0.97, 3), **figure(tps * 0.97)) if spec.get("heldout_bench") else None,
+            workload=self.meter(spec),
+            bench=Figures(tps=round(tps, 3), repeats_tps=[tps, tps * 1.002, tps * 0.998],
+                          ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0}, **figure(tps)),
+            quality_skipped="slower" if skip_quality else None,
+            quality=None if spec.get("quality") == "none" or skip_quality else
+                    Quality(ppl=ppl, greedy=[{"token_ids": g, "top_logprobs": t} for g, t in zip(greedy, TOPS)]),
+            metrics={"kv_cache_usage_max": 0.1}, timings={"start_s": 0.01},
+            engine={"name": "fake", "version": "0"}, hardware={"kind": "cpu"})

@@ -21,7 +21,7 @@ class SeamEngine(FakeEngine):
             with open(record, "a") as f:
                 f.write(json.dumps(spec) + "\n")
         result = super().evaluate(spec, trial_dir, timeout_s, on_phase)
-        result["device"] = self.slot.device if self.slot else "host"
+        result.device = self.slot.device if self.slot else "host"
         return result
 
     def close(self):

@@ -206,9 +206,9 @@ def test_two_servers_equal_in_tokens_per_second_at_one_rate_differ_in_goodput(tm
 
     one, two = (goodput_trial(tmp_path, monkeypatch, slots, "rate:5") for slots in (1, 2))
     for result in (one, two):
-        assert result["status"] == "ok", result["failure"]
-        assert result["bench"]["objective"] == "goodput" and result["bench"]["figure"] == result["bench"]["goodput"]["rate"]
-    g1, g2 = one["bench"]["goodput"], two["bench"]["goodput"]
+        assert result.status == "ok", result.failure
+        assert result.bench.objective == "goodput" and result.bench.figure == result.bench.goodput["rate"]
+    g1, g2 = one.bench.goodput, two.bench.goodput
     # At the start rate, 5 a second, both held and both served the offered load.
     first1, first2 = g1["points"][0], g2["points"][0]
     assert first1["rate"] == first2["rate"] == 5 and first1["held"] and first2["held"]
@@ -221,7 +221,7 @@ def test_two_servers_equal_in_tokens_per_second_at_one_rate_differ_in_goodput(tm
         assert 0.7 * bound <= g["rate"] <= 1.05 * bound, (c, g["bounds"])
     assert 1.8 < g2["rate"] / g1["rate"] < 2.7
     assert all(p["percentile"] == "max of 24" for p in g1["points"])   # 24 requests a point: named, not "p99"
-    assert one["workload"]["arrivals"] == "rate:5,burstiness=1000,seed=1"
+    assert one.workload["arrivals"] == "rate:5,burstiness=1000,seed=1"
 
 
 def latency_trial(tmp_path: Path, monkeypatch, token_s: float, objective: str, arrivals: str) -> dict:
@@ -248,22 +248,22 @@ def test_a_latency_objective_ranks_two_servers_that_serve_one_rate_alike(tmp_pat
     fast, slow = (latency_trial(tmp_path, monkeypatch, t, "e2e-p90", "rate:10,burstiness=1000,seed=1")
                   for t in (0.005, 0.010))
     for result in (fast, slow):
-        assert result["status"] == "ok", result["failure"]
-        b = result["bench"]
-        assert b["objective"] == "e2e-p90" and b["requests"] == 40 and "samples" not in b
-        assert b["figure"] > 0 and result["bench_heldout"]["objective"] == "e2e-p90"
-    assert math.isclose(fast["bench"]["tps"], slow["bench"]["tps"], rel_tol=0.1), (fast["bench"], slow["bench"])
-    ratio = fast["bench"]["figure"] / slow["bench"]["figure"]
+        assert result.status == "ok", result.failure
+        b = result.bench
+        assert b.objective == "e2e-p90" and b.requests == 40 and not hasattr(b, "samples")   # raw latencies stay out of the result
+        assert b.figure > 0 and result.bench_heldout.objective == "e2e-p90"
+    assert math.isclose(fast.bench.tps, slow.bench.tps, rel_tol=0.1), (fast.bench, slow.bench)
+    ratio = fast.bench.figure / slow.bench.figure
     assert 1.5 < ratio < 2.5, ratio
     # Both repeats' requests arrived at 10 a second: no phase ran closed loop (20 requests, 2 s apart).
-    assert all(r["bench"]["wall_s"] > 3.5 for r in (fast, slow))
+    assert all(r.bench.wall_s > 3.5 for r in (fast, slow))
 
 
 def test_a_config_that_holds_the_slos_at_no_rate_fails_naming_the_lowest_rate_and_what_broke(tmp_path, monkeypatch):
     result = goodput_trial(tmp_path, monkeypatch, 1, "rate:200", ttft_ms=0.001)
-    assert result["status"] == "failed" and result["failure"]["class"] == "bad_output"
-    assert "no rate held the SLOs: the lowest tried, 3.125 requests/s" in result["failure"]["message"]
-    assert "ttft_p99_ms" in result["failure"]["message"]
+    assert result.status == "failed" and result.failure.klass == "bad_output"
+    assert "no rate held the SLOs: the lowest tried, 3.125 requests/s" in result.failure.message
+    assert "ttft_p99_ms" in result.failure.message
 
 
 def test_a_goodput_run_tells_optuna_decides_and_claims_in_requests_per_second(tmp_path, embedded_model):

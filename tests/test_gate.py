@@ -8,6 +8,7 @@ import pytest
 from agent import gate
 from agent.gate import Calibration, GateSettings, Instance, MeasureFailed, baseline_of, check, decide, judge_aa
 from agent.stats import compare, pooled_noise, t_quantile
+from sandbox.result import Figures, Quality, TrialResult, failed
 
 IDS = [[10 + p, 20 + p, 30 + p, 40 + p] for p in range(8)]
 
@@ -32,8 +33,9 @@ def greedy(ids, tie_at=None, margin=0.125, take_runner_up=False):
 
 
 def result(tps, g, ppl=8.0, ttft=50.0):
-    return {"status": "ok", "bench": {"tps": tps, "errors": 0, "ttft_ms": {"p99": ttft}, "itl_ms": {"p99": 40.0}},
-            "quality": {"ppl": ppl, "greedy": [{"token_ids": i, "top_logprobs": t} for i, t in zip(g["ids"], g["tops"])]}}
+    return TrialResult(bench=Figures(tps=tps, ttft_ms={"p99": ttft}, itl_ms={"p99": 40.0}),
+                       quality=Quality(ppl=ppl, greedy=[{"token_ids": i, "top_logprobs": t}
+                                                        for i, t in zip(g["ids"], g["tops"])]))
 
 
 def steady_base(n=3, tps=(10.0, 10.3, 9.8), g=None):
@@ -176,7 +178,8 @@ def test_constraint_is_infeasible_for_quality_refusals_and_feasible_for_slow_con
     slo = GateSettings(ttft_p99_ms_max=100)
     late = result(14.0, greedy(IDS), ttft=150.0)
     assert gate.constraint(check(late, base, True, slo), late, slo) == pytest.approx(0.5)
-    assert gate.constraint(check({"status": "failed"}, base, True), {"status": "failed"}, GateSettings()) == 1.0
+    crashed = failed("crashed", "server stopped answering")
+    assert gate.constraint(check(crashed, base, True), crashed, GateSettings()) == 1.0
 
 
 def test_lossy_configs_are_held_to_a_kl_bound_by_default_and_kl_max_overrides_it():

@@ -12,6 +12,7 @@ from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
 from agent.loop import BaselineFailed, Settings, run_search
 from fake_engine import FakeEngine
+from sandbox.result import failed
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +50,15 @@ def test_failures_are_classified_and_fed_back_to_the_sampler(night):
     oom = [t for t in ledger.trials("r1") if t.failure_class == "oom"]
     skipped = [t for t in ledger.trials("r1") if t.status == "skipped"]
     assert oom and all(t.status == "failed" and t.gate_passed is False for t in oom)
-    assert skipped and all("rules" in t.failure_message for t in skipped)   # about 20 of 100 trials here
+    # The space's rules, or a rule learned from a pre-flight refusal: about 20 of 100 trials here.
+    assert skipped and all("excluded by the space's rules" in t.failure_message
+                           or "contains learned rule" in t.failure_message for t in skipped)
+    # The pre-flight is on, as in `agent run`: the fake's refusal came back in vLLM's words, never started.
+    refused = [t for t in ledger.trials("r1") if t.failed_phase == "preflight"]
+    assert refused and all(t.failure_cause.startswith("1 validation error for VllmConfig") for t in refused)
     study = optuna.load_study(study_name="r1", storage=f"sqlite:///{tmp_path / 'optuna.sqlite'}")
     by_number = {t.number: t for t in study.trials}
-    for t in oom + skipped:
+    for t in oom + skipped + refused:
         told = by_number[t.optuna_number]
         assert told.value == 0.0 and told.user_attrs["constraint"] == [1.0]
 
@@ -230,14 +236,15 @@ def test_verify_re_measures_a_branch_against_the_defaults(night):
     assert report["claimed_ratio"] == best.heldout_ratio
     assert report["band"][0] <= report["interval"][0] and report["interval"][1] <= report["band"][1]
     # A claim the branch does not reproduce is called so, not "inside a wide interval".
-    inflated = FakeEngine(speculation_heldout=1.1)
-    inflated.evaluate_original = inflated.evaluate
-    slower = lambda spec, d, timeout_s, on_phase=None: (  # noqa: E731
-        lambda r: (r["bench"].update(tps=r["bench"]["tps"] * (0.7 if spec["env"].get("VLLM_CPU_OMP_THREADS_BIND",
-                                                                                    "auto") != "auto" else 1.0)), r)[1]
-    )(inflated.evaluate_original(spec, d, timeout_s))
-    inflated.evaluate = slower
-    report = verify(ledger, repo, best.branch, inflated, tmp_path / "verify2", max_rounds=4, say=lambda m: None)
+    class Slower(FakeEngine):   # the branch's binding now costs 30%
+        def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+            result = super().evaluate(spec, trial_dir, timeout_s, on_phase)
+            if spec["env"].get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
+                result.bench.tps *= 0.7
+            return result
+
+    report = verify(ledger, repo, best.branch, Slower(speculation_heldout=1.1), tmp_path / "verify2", max_rounds=4,
+                    say=lambda m: None)
     assert report["verdict"] == "does not hold" and report["interval"][1] < report["band"][0]
 
 
@@ -314,8 +321,7 @@ class OOMAbove(FakeEngine):
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
         if spec["flags"].get("max-num-seqs", 0) > 40:
             self.calls += 1
-            return {"status": "failed", "failure": {"class": "oom", "message": "fake: OOM", "log_tail": ""},
-                    "timings": {}, "workload": {}}
+            return failed("oom", "fake: OOM")
         return super().evaluate(spec, trial_dir, timeout_s, on_phase)
 
 
@@ -343,8 +349,7 @@ class CutAtTheDeadline(FakeEngine):
             return super().evaluate(spec, trial_dir, timeout_s, on_phase)
         self.calls += 1
         time.sleep(timeout_s)
-        return {"status": "failed", "failure": {"class": "interrupted", "message": "worker received SIGTERM during start"},
-                "timings": {"start_s": timeout_s}}
+        return failed("interrupted", "worker received SIGTERM during start", timings={"start_s": timeout_s})
 
 
 def test_a_budget_that_ends_before_the_baseline_says_so_rather_than_blame_the_defaults(tmp_path):

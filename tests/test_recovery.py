@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from agent import gitops, recovery
 from agent.ledger import Ledger, Run, Trial, Worker
+from sandbox.result import failed
 
 HERE = Path(__file__).parent
 
@@ -278,9 +279,7 @@ class DirtyAfter(__import__("fake_engine").FakeEngine):
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
         result = super().evaluate(spec, trial_dir, timeout_s, on_phase)
         if self.calls == 4:
-            return {"status": "failed", "failure": {"class": "unclean_teardown", "log_tail": "",
-                                                    "message": "GPU memory not released after the trial"},
-                    "timings": {}, "workload": {}}
+            return failed("unclean_teardown", "GPU memory not released after the trial")
         return result
 
 

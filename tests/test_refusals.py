@@ -14,15 +14,10 @@ from agent import budget, gitops, refusals, space as spaces
 from agent.gate import GateSettings
 from agent.ledger import LearnedRule, Ledger, Run
 from agent.loop import Settings, facts_for, run_search
-from fake_engine import FakeEngine
+from fake_engine import FakeEngine, refused_at_preflight
+from sandbox.result import failed
 
-PREFLIGHT_REFUSAL = ("1 validation error for VllmConfig: ngram speculation is not supported with enforce_eager "
-                     "(num_speculative_tokens={k})")
 START_REFUSAL = "NotImplementedError: CPU_ATTN with prefix caching needs a block size of 64 or more, got 32"
-
-
-def refused_at_preflight(flags: dict) -> bool:
-    return bool(flags.get("enforce-eager")) and "speculative-config" in flags
 
 
 def refused_at_start(flags: dict) -> bool:
@@ -32,23 +27,16 @@ def refused_at_start(flags: dict) -> bool:
 class RefusingEngine(FakeEngine):
     def __init__(self):
         super().__init__(delay_s=0.01)
-        self.preflights, self.starts = [], []
-
-    def preflight(self, model, flags, env):
-        self.preflights.append(flags)
-        if refused_at_preflight(flags):
-            k = flags["speculative-config"].get("num_speculative_tokens", 0)
-            return {"ok": False, "message": PREFLIGHT_REFUSAL.format(k=k)}
-        return {"ok": True}
+        self.starts = []
 
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
         self.starts.append(spec["flags"])
         if refused_at_start(spec["flags"]):
             trial_dir.mkdir(parents=True, exist_ok=True)
-            return {"status": "failed", "failure": {"class": "invalid_config", "log_tail": START_REFUSAL,
-                                                    "message": f"server exited with code 1 during start: {START_REFUSAL}",
-                                                    "cause": START_REFUSAL},
-                    "failed_phase": "start", "timings": {}, "workload": {"name": spec["workload"]}}
+            result = failed("invalid_config", f"server exited with code 1 during start: {START_REFUSAL}",
+                            START_REFUSAL, failed_phase="start", workload={"name": spec["workload"]})
+            result.failure.cause = START_REFUSAL
+            return result
         return super().evaluate(spec, trial_dir, timeout_s, on_phase)
 
 

@@ -12,7 +12,9 @@ import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
+import psutil
 import pytest
 import yaml
 
@@ -56,22 +58,58 @@ def quality_text(folder: Path) -> Path:
     return path
 
 
+class RealRun(NamedTuple):
+    proc: subprocess.CompletedProcess   # the resume's exit status; stderr of both processes
+    home: Path
+    elapsed: float
+    killed: dict                        # the candidate trial SIGKILLed, as its progress file had it
+
+
+def candidate_in_benchmark(home: Path, first: subprocess.Popen, timeout_s: float) -> dict:
+    """Wait until a candidate trial (after the two baseline instances and the A/A) is in its benchmark."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and first.poll() is None:
+        for progress in sorted(home.glob("*/trial-[0-9][0-9][0-9]/progress.json")):
+            number = int(progress.parent.name.split("-")[1])
+            try:
+                info = json.loads(progress.read_text())
+            except ValueError:   # being replaced
+                continue
+            if number >= 3 and info.get("phase") == "benchmark":
+                return {"number": number, "run_id": progress.parent.parent.name, **info}
+        time.sleep(0.5)
+    raise AssertionError(f"no candidate reached its benchmark (agent exit {first.poll()})")
+
+
 @pytest.fixture(scope="module")
-def real_run(embedded_model, tmp_path_factory):
+def real_run(embedded_model, tmp_path_factory) -> RealRun:
+    """The run, SIGKILLed inside its first candidate's benchmark and resumed, as a night's crash would
+    be (issue 23: a crash costs no candidate). Every test below reads the resumed run."""
     home = tmp_path_factory.mktemp("home")
     env = {**os.environ, "AGENT_HOME": str(home)}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--budget", f"{BUDGET_S}s",
-                           "--space", str(eager_space(home.parent)), "--num-prompts", str(REQUESTS),
-                           "--quality-text", str(quality_text(home.parent)),
-                           "--model", str(embedded_model), "--workload", "smoke", "--repeats", "1", "--max-trials", "1",
-                           "--traffic", str(TRAFFIC), "--chat-template", str(TEMPLATE)],
-                          env=env, capture_output=True, text=True, timeout=BUDGET_S + 900)
-    return proc, home, time.monotonic() - started
+    with open(home.parent / "first.stderr", "w+") as err:
+        first = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--budget", f"{BUDGET_S}s",
+                                  "--space", str(eager_space(home.parent)), "--num-prompts", str(REQUESTS),
+                                  "--quality-text", str(quality_text(home.parent)),
+                                  "--model", str(embedded_model), "--workload", "smoke", "--repeats", "1",
+                                  "--max-trials", "1", "--traffic", str(TRAFFIC), "--chat-template", str(TEMPLATE)],
+                                 env=env, stdout=err, stderr=subprocess.STDOUT, text=True)
+        try:
+            killed = candidate_in_benchmark(home, first, BUDGET_S)
+        finally:
+            first.kill()   # SIGKILL: no handler runs; the worker and its server are left as orphans
+            first.wait()
+        err.seek(0)
+        said = err.read()
+    resume = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--resume", killed["run_id"]],
+                            env=env, capture_output=True, text=True, timeout=BUDGET_S + 900)
+    proc = subprocess.CompletedProcess(resume.args, resume.returncode, resume.stdout, said + resume.stderr)
+    return RealRun(proc, home, time.monotonic() - started, killed)
 
 
 def test_run_finishes_on_time_with_a_baseline_and_trials(real_run):
-    proc, home, elapsed = real_run
+    proc, home = real_run.proc, real_run.home
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "baseline:" in proc.stderr and "finished: run" in proc.stderr
     ledger = Ledger(home / "ledger.sqlite")
@@ -90,7 +128,7 @@ def test_run_finishes_on_time_with_a_baseline_and_trials(real_run):
 
 
 def test_every_row_names_its_meter_and_every_failure_its_class(real_run):
-    _, home, _ = real_run
+    home = real_run.home
     ledger = Ledger(home / "ledger.sqlite")
     for t in ledger.trials():
         if t.status == "ok" and t.source == "extra":  # the defaults on held-out prompts only, for a decision
@@ -105,7 +143,7 @@ def test_every_row_names_its_meter_and_every_failure_its_class(real_run):
 
 
 def test_accepted_branches_hold_the_config_that_was_measured(real_run):
-    _, home, _ = real_run
+    home = real_run.home
     ledger = Ledger(home / "ledger.sqlite")
     for t in ledger.trials():
         if not t.branch:
@@ -123,7 +161,7 @@ def test_accepted_branches_hold_the_config_that_was_measured(real_run):
 
 
 def test_cli_reads_back_the_real_run(real_run):
-    _, home, _ = real_run
+    home = real_run.home
     env = {**os.environ, "AGENT_HOME": str(home)}
     listing = subprocess.run([sys.executable, "-m", "agent.cli", "ledger", "--json"], env=env,
                              capture_output=True, text=True, check=True).stdout
@@ -143,7 +181,7 @@ def test_the_html_report_of_the_real_run_loads_in_a_browser_with_every_section(r
     from agent.report_html import SECTIONS
     from browser import CHROMIUM, open_page
 
-    _, home, _ = real_run
+    home = real_run.home
     page = tmp_path / "report.html"
     subprocess.run([sys.executable, "-m", "agent.cli", "report", "--html", str(page)],
                    env={**os.environ, "AGENT_HOME": str(home)}, capture_output=True, text=True, check=True)
@@ -159,7 +197,7 @@ def test_the_users_chat_traffic_is_served_through_the_chat_endpoint_and_kept_pri
     """Every real server of the run was measured on the user's chat requests through
     /v1/chat/completions with their template; quality compared greedy outputs of those requests,
     named by hash; no prompt of the file reaches a branch or its commit message."""
-    _, home, _ = real_run
+    home = real_run.home
     (run,) = Ledger(home / "ledger.sqlite").runs()
     results = [json.loads(p.read_text()) for p in sorted((home / run.id).glob("trial-*/result.json"))]
     served = [r for r in results if r["status"] == "ok"]
@@ -198,7 +236,7 @@ def test_two_instances_of_the_defaults_reproduce_perplexity_and_the_greedy_rule_
     """On the CPU build two instances of the defaults agree token for token (the greedy outputs are
     compared in the chat test above): the calibrated tau sits at its floor, and the A/A check has no
     near-tie flips to forgive."""
-    _, home, _ = real_run
+    home = real_run.home
     ledger = Ledger(home / "ledger.sqlite")
     (run,) = ledger.runs()
     first, second = (t for t in ledger.trials(run.id) if t.source == "baseline")
@@ -206,3 +244,23 @@ def test_two_instances_of_the_defaults_reproduce_perplexity_and_the_greedy_rule_
     assert first.greedy == second.greedy and first.greedy
     assert run.calibration["reason"].startswith("the defaults' 2 instances agreed token for token")
     assert not ledger.trials(run.id)[2].flips   # the A/A instance: no near-tie flip either
+
+
+def test_a_sigkill_inside_the_candidates_benchmark_costs_no_candidate(real_run):
+    """Killed inside its first candidate's benchmark, resumed: the resume ends the orphaned worker and
+    server, the interrupted row stays as it was cut, and the same point is measured again, to a
+    decision, before the run's deadline."""
+    home, killed = real_run.home, real_run.killed
+    ledger = Ledger(home / "ledger.sqlite")
+    (run,) = ledger.runs()
+    trials = ledger.trials(run.id)
+    cut = next(t for t in trials if t.number == killed["number"])
+    assert cut.status == "interrupted" and cut.source in ("planner", "sampler"), (cut.status, cut.source)
+    assert "repaired:" in real_run.proc.stdout + real_run.proc.stderr
+    for pid in (killed["worker_pid"], killed["server_pid"]):   # the orphans: ended by the resume
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    again = [t for t in trials if t.number > cut.number and (t.flags, t.env) == (cut.flags, cut.env)]
+    assert again, [(t.number, t.source, t.status) for t in trials]
+    assert again[0].source in ("planner", "sampler") and again[0].status == "ok" and again[0].tps > 0
+    assert again[0].decision in ("accepted", "refused", "speed-only", "pruned", "dominated"), again[0].decision
+    assert datetime.fromisoformat(again[0].finished_at) <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=120)

@@ -48,8 +48,8 @@ class FasterDefaults(FakeEngine):
 
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
         result = super().evaluate(spec, trial_dir, timeout_s, on_phase)
-        if self.calls == 3 and result.get("status") == "ok":
-            result["bench"]["tps"] *= 1.3
+        if self.calls == 3 and result.ok:
+            result.bench.tps *= 1.3
         return result
 
 
@@ -119,8 +119,8 @@ def test_slo_bounds_refuse_fast_configs_that_answer_late(tmp_path):
     class Late(FakeEngine):
         def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
             result = super().evaluate(spec, trial_dir, timeout_s, on_phase)
-            if result.get("bench") and spec["env"].get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
-                result["bench"]["ttft_ms"]["p99"] = 250.0
+            if result.bench and spec["env"].get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
+                result.bench.ttft_ms["p99"] = 250.0
             return result
 
     ledger, _ = night(tmp_path, Late(), gate=GateSettings(ttft_p99_ms_max=100), max_trials=3)

@@ -7,6 +7,7 @@ benchmark (crashed, with its log tail). The others (hung starts, stray children,
 pruning, the progress file) run against the stand-in server here only.
 """
 
+import json
 import math
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sandbox import result as results
 from sandbox import server as server_mod
 from sandbox import spec as specs
 from sandbox.worker import run_trial
@@ -39,27 +41,27 @@ def trial(tmp_path, flags=None, **deadlines):
 
 
 def assert_clean(result):
-    assert result["cleanup"]["leftover_pids"] == []
-    assert result["cleanup"]["port_free"] is True
+    assert result.cleanup["leftover_pids"] == []
+    assert result.cleanup["port_free"] is True
 
 
 def test_ok_trial_measures_speed_and_quality_through_the_server(tmp_path, fake_mode):
     fake_mode("ok")
     result = trial(tmp_path)
-    assert result["status"] == "ok", result["failure"]
-    bench = result["bench"]
-    assert bench["requests"] == 4 and bench["output_tokens"] == 4 * 32 and bench["errors"] == 0
-    assert bench["tps"] == pytest.approx(bench["output_tokens"] / bench["wall_s"], rel=0.01)
-    assert bench["ttft_ms"]["p50"] > 0 and bench["itl_ms"]["p99"] >= bench["itl_ms"]["p50"]
+    assert result.status == "ok", result.failure
+    bench = result.bench
+    assert bench.requests == 4 and bench.output_tokens == 4 * 32 and bench.errors == 0
+    assert bench.tps == pytest.approx(bench.output_tokens / bench.wall_s, rel=0.01)
+    assert bench.ttft_ms["p50"] > 0 and bench.itl_ms["p99"] >= bench.itl_ms["p50"]
     # Every prompt token scores -2.0 in the fake, so the token-weighted PPL is exactly e^2.
-    assert result["quality"]["ppl"] == pytest.approx(math.exp(2.0), rel=1e-6)
-    assert result["quality"]["ppl_tokens"] > 100
-    greedy = result["quality"]["greedy"]
+    assert result.quality.ppl == pytest.approx(math.exp(2.0), rel=1e-6)
+    assert result.quality.ppl_tokens > 100
+    greedy = result.quality.greedy
     assert len(greedy) == 32 and all(g["token_ids"] == [7] * 64 for g in greedy)
     # Top-k keyed by token id (return_tokens_as_token_ids), not by text that two ids can share.
     assert greedy[0]["top_logprobs"][0] == {"7": -0.1, "8": -2.5}
-    assert result["metrics"]["kv_cache_usage_max"] == 0.25
-    assert set(result["timings"]) == {"start_s", "warmup_s", "benchmark_s", "quality_s", "teardown_s"}
+    assert result.metrics["kv_cache_usage_max"] == 0.25
+    assert set(result.timings) == {"start_s", "warmup_s", "benchmark_s", "quality_s", "teardown_s"}
     assert_clean(result)
 
 
@@ -73,9 +75,9 @@ def test_ok_trial_measures_speed_and_quality_through_the_server(tmp_path, fake_m
 def test_misbehaving_server_is_classified(tmp_path, fake_mode, mode, klass):
     fake_mode(mode)
     result = trial(tmp_path)
-    assert result["status"] == "failed"
-    assert result["failure"]["class"] == klass, result["failure"]
-    assert "fake server: mode" in result["failure"]["log_tail"]
+    assert result.status == "failed"
+    assert result.failure.klass == klass, result.failure
+    assert "fake server: mode" in result.failure.log_tail
     assert_clean(result)
 
 
@@ -83,7 +85,7 @@ def test_hung_start_is_ended_at_its_deadline(tmp_path, fake_mode):
     fake_mode("hang")
     started = time.monotonic()
     result = trial(tmp_path, start_s=3)
-    assert result["failure"]["class"] == "start_timeout"
+    assert result.failure.klass == "start_timeout"
     assert time.monotonic() - started < 30
     assert_clean(result)
 
@@ -91,11 +93,11 @@ def test_hung_start_is_ended_at_its_deadline(tmp_path, fake_mode):
 def test_invalid_flag_value_comes_back_with_the_servers_message(tmp_path, fake_mode):
     fake_mode("ok")
     result = trial(tmp_path, flags={"max-num-seqs": -1})
-    assert result["failure"]["class"] == "invalid_config"
-    assert "max_num_seqs must be >= 1" in result["failure"]["message"]
+    assert result.failure.klass == "invalid_config"
+    assert "max_num_seqs must be >= 1" in result.failure.message
     # vLLM's own words, apart from the worker's framing, so the agent can learn from them
-    assert "max_num_seqs must be >= 1" in result["failure"]["cause"]
-    assert not result["failure"]["cause"].startswith("server exited") and result["failed_phase"] == "start"
+    assert "max_num_seqs must be >= 1" in result.failure.cause
+    assert not result.failure.cause.startswith("server exited") and result.failed_phase == "start"
     assert_clean(result)
 
 
@@ -103,7 +105,7 @@ def test_child_that_left_the_process_group_is_killed_too(tmp_path, fake_mode):
     fake_mode("escapee")
     started = time.time()
     result = trial(tmp_path)
-    assert result["status"] == "ok", result["failure"]
+    assert result.status == "ok", result.failure
     assert_clean(result)
     leftovers = [p for p in psutil.process_iter(["cmdline", "create_time"])
                  if "time.sleep(3600)" in " ".join(p.info["cmdline"] or []) and p.info["create_time"] >= started - 1]
@@ -141,8 +143,8 @@ def test_a_port_already_taken_is_refused_before_the_server_starts(tmp_path, fake
         port = held.getsockname()[1]
         spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30}})
         result = run_trial(spec, tmp_path / "server.log", launcher=FAKE, port=port)
-    assert result["status"] == "failed" and result["failure"]["class"] == "port_in_use"
-    assert str(port) in result["failure"]["message"] and result["cleanup"]["leftover_pids"] == []
+    assert result.status == "failed" and result.failure.klass == "port_in_use"
+    assert str(port) in result.failure.message and result.cleanup["leftover_pids"] == []
 
 
 def test_a_port_taken_after_the_check_by_another_server_is_never_measured(tmp_path, fake_mode, monkeypatch):
@@ -168,8 +170,8 @@ def test_a_port_taken_after_the_check_by_another_server_is_never_measured(tmp_pa
     finally:
         other.kill()
         other.wait()
-    assert result["status"] == "failed" and result["failure"]["class"] == "port_in_use"
-    assert result["bench"] is None   # nothing was measured against the other process
+    assert result.status == "failed" and result.failure.klass == "port_in_use"
+    assert result.bench is None   # nothing was measured against the other process
 
 
 def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake_mode):
@@ -211,11 +213,11 @@ def test_a_hopeless_benchmark_is_pruned_after_a_few_requests_and_skips_quality(t
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
                             "prune_below_tps": 1e6, "repeats": 2})   # a threshold no server reaches
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
-    assert result["status"] == "pruned" and result["failure"] is None
-    assert result["pruned"]["after_requests"] == 3 and result["pruned"]["of"] == 4
-    assert result["pruned"]["upper_tps"] < 1e6
-    assert result["bench"]["requests"] == 3 and len(result["bench"]["repeats_tps"]) == 1 and result["quality"] is None
-    assert "quality_s" not in result["timings"]
+    assert result.status == "pruned" and result.failure is None
+    assert result.pruned["after_requests"] == 3 and result.pruned["of"] == 4
+    assert result.pruned["upper_tps"] < 1e6
+    assert result.bench.requests == 3 and len(result.bench.repeats_tps) == 1 and result.quality is None
+    assert "quality_s" not in result.timings
     assert_clean(result)
 
 
@@ -224,7 +226,7 @@ def test_a_benchmark_that_can_reach_the_threshold_is_never_pruned(tmp_path, fake
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
                             "prune_below_tps": 1.0})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
-    assert result["status"] == "ok" and result["bench"]["requests"] == 4 and result["quality"]["ppl"] > 0
+    assert result.status == "ok" and result.bench.requests == 4 and result.quality.ppl > 0
 
 
 def test_quality_is_measured_only_when_the_speed_could_pass(tmp_path, fake_mode):
@@ -232,8 +234,8 @@ def test_quality_is_measured_only_when_the_speed_could_pass(tmp_path, fake_mode)
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
                             "quality_above_tps": 1e6})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
-    assert result["status"] == "ok" and result["quality"] is None and "is not above" in result["quality_skipped"]
-    assert result["bench"]["requests"] == 4 and "quality_s" not in result["timings"]
+    assert result.status == "ok" and result.quality is None and "is not above" in result.quality_skipped
+    assert result.bench.requests == 4 and "quality_s" not in result.timings
 
 
 def test_an_instance_is_measured_on_every_repeats_draw_pooled(tmp_path, fake_mode):
@@ -243,10 +245,10 @@ def test_an_instance_is_measured_on_every_repeats_draw_pooled(tmp_path, fake_mod
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "repeats": 3, "quality": "none",
                             "deadlines": {"start_s": 30}})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
-    bench = result["bench"]
-    assert result["status"] == "ok" and len(bench["repeats_tps"]) == 3 and len(set(bench["draw_hashes"])) == 3
-    assert bench["requests"] == 12 and bench["output_tokens"] == 12 * 32 and bench["finish"] == {"length": 12}
-    assert bench["tps"] == pytest.approx(bench["output_tokens"] / bench["wall_s"], rel=0.001)
+    bench = result.bench
+    assert result.status == "ok" and len(bench.repeats_tps) == 3 and len(set(bench.draw_hashes)) == 3
+    assert bench.requests == 12 and bench.output_tokens == 12 * 32 and bench.finish == {"length": 12}
+    assert bench.tps == pytest.approx(bench.output_tokens / bench.wall_s, rel=0.001)
 
 
 def test_the_server_receives_no_held_out_request_in_search_and_none_twice(tmp_path, fake_mode, monkeypatch):
@@ -267,7 +269,7 @@ def test_the_server_receives_no_held_out_request_in_search_and_none_twice(tmp_pa
                 "prompt_split": "search", "traffic": str(traffic)}
     spec = specs.from_dict({"model": "fake", "workload": workload, "repeats": 3, "deadlines": {"start_s": 30}})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
-    assert result["status"] == "ok", result["failure"]
+    assert result.status == "ok", result.failure
     heldout = {r.body["prompt"] for r in load_traffic(traffic).split("heldout")}
     sent = [json.loads(line) for line in record.read_text().splitlines()]
     streamed = [s["body"]["prompt"] for s in sent if s["body"].get("stream")]
@@ -298,11 +300,36 @@ def test_the_fake_engines_results_have_the_real_workers_shape(tmp_path, fake_mod
     spec = {"model": "fake", "flags": {}, "env": {}, "workload": "smoke", "heldout_bench": True,
             "deadlines": {"start_s": 30}}
     real = run_trial(specs.from_dict(spec), tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
-    assert real["status"] == "ok", real["failure"]
-    real_shape = dict(_shape(real))
+    assert real.status == "ok", real.failure
+    real_shape = dict(_shape(results.to_json(real)))
     fake = FakeEngine(delay_s=0).evaluate(spec, tmp_path / "fake", 60)
-    for path, kind in _shape(fake):
+    assert isinstance(fake, results.TrialResult)
+    for path, kind in _shape(results.to_json(fake)):
         if kind == "NoneType" or path[:1] in (("engine",), ("hardware",)):   # the runner adds these two
             continue
         assert path in real_shape, f"the fake writes {'.'.join(path)}, which the worker never does"
         assert real_shape[path] in (kind, "NoneType"), f"{'.'.join(path)}: fake {kind}, worker {real_shape[path]}"
+
+
+def test_a_result_file_reads_back_as_the_result_written_and_a_foreign_one_is_refused_by_name(tmp_path, fake_mode):
+    """sandbox/result.py's pair: what the worker writes is what the agent reads, field for field; a file
+    of another version or with a field this agent does not know is refused, not half read."""
+    fake_mode("ok")
+    spec = specs.from_dict({"model": "fake", "flags": {}, "env": {}, "workload": "smoke", "heldout_bench": True,
+                            "deadlines": {"start_s": 30}})
+    written = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
+    results.write(tmp_path / "result.json", written)
+    read = results.read(tmp_path / "result.json")
+    assert read == written and read.bench.value == written.bench.figure and read.bench_heldout.hash
+    assert json.loads((tmp_path / "result.json").read_text())["bench"]["tps"] == written.bench.tps
+    failed = results.failed("oom", "out of memory", "OOM killed")
+    assert results.from_json(results.to_json(failed)).failure == failed.failure
+    assert results.to_json(failed)["failure"]["class"] == "oom"
+    data = results.to_json(written)
+    with pytest.raises(results.ResultError, match="result_version 2 is not 1"):
+        results.from_json({**data, "result_version": 2})
+    with pytest.raises(results.ResultError, match=r"unknown field\(s\) \['speed'\] for Figures"):
+        results.from_json({**data, "bench": {**data["bench"], "speed": 1.0}})
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(results.ResultError, match="bad.json: not JSON"):
+        results.read(tmp_path / "bad.json")
