@@ -139,17 +139,8 @@ class WorkerEngine:
 
 
 def reap(progress: Path) -> list[int]:
-    """End every process of a trial whose worker is gone without tearing down: the worker (its
-    command line names this progress file) and everything carrying the trial's marker (the server
-    and all its children, wherever they moved). Pids alone are never trusted: they get reused."""
-    token = _read(progress).get("token")
-    victims = []
-    for p in psutil.process_iter():
-        try:
-            if (token and p.environ().get("AGENT_TRIAL_TOKEN") == token) or str(progress) in p.cmdline():
-                victims.append(p)
-        except (psutil.Error, OSError):
-            continue
+    """End every process of a trial whose worker is gone without tearing down (trial_processes)."""
+    victims = trial_processes(progress)
     for p in victims:
         try:
             p.kill()
@@ -157,6 +148,37 @@ def reap(progress: Path) -> list[int]:
             pass
     psutil.wait_procs(victims, timeout=10)
     return sorted(p.pid for p in victims)
+
+
+def trial_processes(progress: Path) -> list[psutil.Process]:
+    """A trial's live processes, from its progress file: the worker (its command line names the file),
+    everything carrying the trial's marker, and every process of the server's session. The session
+    counts because vLLM starts its engine core and workers with an environment of their own (no
+    marker), and once the server is killed they are nobody's children. Pids alone are never trusted:
+    a number in use as a session id is not handed out again while the session has a member, so the
+    session is the server's unless its leader is alive and younger than the file's last write (the
+    server pid reused by a process that started a session of its own)."""
+    state = _read(progress)
+    token, session = state.get("token"), state.get("server_pid")
+    if session:
+        try:
+            if psutil.Process(session).create_time() > progress.stat().st_mtime + 1:
+                session = None   # not our server: its pid was reused after the trial
+        except (psutil.NoSuchProcess, OSError):
+            pass                 # the server is gone; its session's members, if any, still hold the id
+        except psutil.Error:
+            session = None
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid == os.getpid():
+                continue
+            if ((token and p.environ().get("AGENT_TRIAL_TOKEN") == token) or str(progress) in p.cmdline()
+                    or (session and os.getsid(p.pid) == session)):
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def _read(progress: Path) -> dict:

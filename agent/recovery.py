@@ -25,7 +25,7 @@ import git
 import psutil
 
 from agent import crew, gitops, study as studies
-from agent.engine import reap
+from agent.engine import reap, trial_processes
 from agent.ledger import Ledger, Run, Worker, utcnow
 
 
@@ -210,21 +210,7 @@ def worker_problems(ledger: Ledger, run: Run, trials: list) -> list[str]:
 
 
 def stray_servers(run_dir: Path) -> list[str]:
-    """Processes of this run's trials (the worker, or anything with the trial's marker) still alive."""
-    import json
-
-    import psutil
-
-    out = []
-    for progress in sorted(run_dir.glob("trial-*/progress.json")):
-        try:
-            token = json.loads(progress.read_text()).get("token")
-        except (ValueError, OSError):
-            continue
-        for p in psutil.process_iter():
-            try:
-                if (token and p.environ().get("AGENT_TRIAL_TOKEN") == token) or str(progress) in p.cmdline():
-                    out.append(f"process {p.pid} of {progress.parent.name} is still running")
-            except (psutil.Error, OSError):
-                continue
-    return out
+    """Processes of this run's trials (the worker, its server's session, anything with the trial's
+    marker) still alive."""
+    return [f"process {p.pid} of {progress.parent.name} is still running"
+            for progress in sorted(run_dir.glob("trial-*/progress.json")) for p in trial_processes(progress)]

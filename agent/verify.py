@@ -60,7 +60,7 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, m
     band = (claimed * (1 - tolerance), claimed * (1 + tolerance))
     # The run's own instances of the defaults measured the noise: their spread joins this one's.
     run_defaults = [t.tps for t in ledger.trials(run.id) if t.source in ("baseline", "aa") and t.status == "ok"]
-    prior = Noise(**((run.calibration or {}).get("noise_prior") or {"sd": 0.0, "df": 0}))   # the run's, as it judged
+    prior = Noise(*run.settings.get("noise_prior", (0.0, 0)))   # the one the run's gate used (agent.cli._settings)
     figures: dict[str, list[float]] = {"defaults": [], "candidate": []}
     verdict, c = UNDECIDED, None
     for i in range(max_rounds):

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent import gitops, paths, space as spaces  # noqa: E402
 from agent.gate import GateSettings  # noqa: E402
+from agent.stats import Noise  # noqa: E402
 from agent.ledger import Ledger, Run, Trial, as_dict  # noqa: E402
 from agent.loop import Settings, measure_baseline, run_search  # noqa: E402
 from agent.planner import BuiltinPlanner, NoPlanner  # noqa: E402
@@ -73,9 +74,11 @@ def best_curve(ledger: Ledger, run_id: str, trials: int) -> list[float]:
     return (curve + [best] * trials)[:trials]
 
 
-def settings_for(args, arm: str, model: str, max_trials: int) -> Settings:
+def settings_for(args, arm: str, model: str, max_trials: int, space) -> Settings:
+    """As `agent run` judges: the gate pools the space's noise prior with the run's own instances."""
     return Settings(model=model, workload=args.workload, quality=args.quality, repeats=args.repeats,
-                    baseline_instances=args.baseline_instances, seed=args.seed, gate=GateSettings(),
+                    baseline_instances=args.baseline_instances, seed=args.seed,
+                    gate=GateSettings(noise_prior=Noise(*space.noise_prior)),
                     sampler=ARMS[arm][1], max_trials=max_trials, preflight=bool(ARMS[arm][2]),
                     prune=bool(ARMS[arm][2]), near_start=ARMS[arm][2] == "one-knob",
                     facts={"cpus": len(__import__("os").sched_getaffinity(0)), "concurrency": 1})
@@ -92,12 +95,12 @@ def real(args, out: Path) -> dict[str, list[list[float]]]:
     runs = {arm: new_run(ledger, arm, space, out, repo, hours=12) for arm in args.arms}
     first = runs[args.arms[0]]
     log = lambda event, **info: print(event, json.dumps(info, default=str)[:300], flush=True)  # noqa: E731
-    measure_baseline(first, settings_for(args, args.arms[0], model, 0), space, ledger, engine, log)
+    measure_baseline(first, settings_for(args, args.arms[0], model, 0, space), space, ledger, engine, log)
     for arm in args.arms[1:]:
         copy_baseline(ledger, ledger.run(first.id), runs[arm])
     for k in range(1, args.trials + 1):  # interleaved: trial k of every arm before trial k+1 of any
         for arm in args.arms:
-            run_search(ledger.run(arm), settings_for(args, arm, model, k), space, ledger, engine, repo, storage,
+            run_search(ledger.run(arm), settings_for(args, arm, model, k, space), space, ledger, engine, repo, storage,
                        log, planner=ARMS[arm][0]())
         report({arm: [best_curve(ledger, arm, k)] for arm in args.arms}, k, out)
     return {arm: [best_curve(ledger, arm, args.trials)] for arm in args.arms}
@@ -114,7 +117,7 @@ def simulated(args, out: Path) -> dict[str, list[list[float]]]:
             home = out / f"{arm}-{seed}"
             ledger, repo = Ledger(home / "ledger.sqlite"), gitops.open_repo(home / "proposals", create=True)
             run = new_run(ledger, arm, space, home, repo, hours=1)
-            s = settings_for(args, arm, "simulated", args.trials)
+            s = settings_for(args, arm, "simulated", args.trials, space)
             s.seed = seed
             engine, at = SimulatedEngine(seed=seed), {}
 

@@ -2,7 +2,8 @@
 
 It speaks the few endpoints the worker uses, with deterministic answers, and misbehaves on
 request (FAKE_MODE): exit at start, hang at start, answer with errors (or an error in the
-stream), NaN logprobs or short outputs, spawn a child that leaves the process group. The real-engine tests use real vLLM.
+stream), NaN logprobs or short outputs, spawn a child that leaves the process group, or one without
+the trial's marker (as vLLM's engine core). The real-engine tests use real vLLM.
     python tests/fake_server.py --model M --host H --port P [ignored vLLM flags...]
 """
 
@@ -132,6 +133,11 @@ def main() -> None:
         # group and out of the tree, findable only by the trial's marker variable.
         sleeper = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], start_new_session=True)"
         subprocess.run([sys.executable, "-c", sleeper], check=True)
+    if MODE == "engine_core":
+        # As vLLM's engine core: a child started with an environment of its own (no trial marker), in
+        # the server's session; killed with the server alone, it lives on as init's child.
+        env = {k: v for k, v in os.environ.items() if k != "AGENT_TRIAL_TOKEN"}
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], env=env)
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
 
 

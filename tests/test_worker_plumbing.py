@@ -174,8 +174,11 @@ def test_a_port_taken_after_the_check_by_another_server_is_never_measured(tmp_pa
     assert result.bench is None   # nothing was measured against the other process
 
 
-def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake_mode):
-    """SIGKILL skips the worker's teardown; the agent ends the orphaned server from the progress file."""
+@pytest.mark.parametrize("mode", ["ok", "engine_core"])
+def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake_mode, mode):
+    """SIGKILL skips the worker's teardown; the agent ends the orphaned server from the progress file,
+    and every process of the server's session: vLLM's engine core carries no trial marker (mode
+    engine_core stands for it), and with the server killed it is nobody's child."""
     import json
     import os
     import signal
@@ -183,9 +186,10 @@ def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake
 
     from agent.engine import reap
 
-    fake_mode("ok")
+    fake_mode(mode)
     progress = tmp_path / "progress.json"
-    code = ("import sys; from pathlib import Path; from sandbox import spec; from sandbox.worker import run_trial; "
+    code = ("import sys; from pathlib import Path; from sandbox import server, spec; from sandbox.worker import run_trial; "
+            "server.PASSTHROUGH_ENV = (*server.PASSTHROUGH_ENV, 'FAKE_MODE'); "   # as the fake_mode fixture does here
             "s = spec.from_dict({'model': 'fake', 'workload': {'name': 'long', 'meter_version': 1, "
             "'concurrency': 1, 'num_prompts': 250, 'max_tokens': 64, 'ignore_eos': True, 'temperature': 0.0, "
             "'warmup_requests': 0, 'prompt_split': 'search'}}); "
@@ -206,6 +210,14 @@ def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake
     assert info["server_pid"] in killed
     assert not psutil.pid_exists(info["server_pid"]) or psutil.Process(info["server_pid"]).status() == "zombie"
     assert server_mod.port_is_free(info["port"])
+    session = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == info["server_pid"] and p.status() != psutil.STATUS_ZOMBIE:
+                session.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    assert session == []
 
 
 def test_a_hopeless_benchmark_is_pruned_after_a_few_requests_and_skips_quality(tmp_path, fake_mode):
