@@ -152,29 +152,38 @@ def reap(progress: Path) -> list[int]:
 
 def trial_processes(progress: Path) -> list[psutil.Process]:
     """A trial's live processes, from its progress file: the worker (its command line names the file),
-    everything carrying the trial's marker, and every process of the server's session. The session
-    counts because vLLM starts its engine core and workers with an environment of their own (no
-    marker), and once the server is killed they are nobody's children. Pids alone are never trusted:
-    a number in use as a session id is not handed out again while the session has a member, so the
-    session is the server's unless its leader is alive and younger than the file's last write (the
-    server pid reused by a process that started a session of its own)."""
+    everything carrying the trial's marker, and the server's session. The session counts because
+    vLLM starts its engine core and workers with an environment of their own (no marker), and once
+    the server is killed they are nobody's children. Pids alone are never trusted: the session is
+    taken only for a trial that did not finish (a finished one tore its server down and checked),
+    and only members started between the server's recorded start and the file's last write, or all
+    of them when the live leader is that very server."""
     state = _read(progress)
-    token, session = state.get("token"), state.get("server_pid")
+    token = state.get("token")
+    session, started = state.get("server_pid"), state.get("server_started")
+    if state.get("phase") == "done" or not session or not started:
+        session = None
+    try:
+        written = progress.stat().st_mtime
+    except OSError:
+        written = 0.0
+    whole = False
     if session:
         try:
-            if psutil.Process(session).create_time() > progress.stat().st_mtime + 1:
-                session = None   # not our server: its pid was reused after the trial
-        except (psutil.NoSuchProcess, OSError):
-            pass                 # the server is gone; its session's members, if any, still hold the id
+            leader = psutil.Process(session)
+            whole = leader.status() != psutil.STATUS_ZOMBIE and abs(leader.create_time() - started) < 0.5
         except psutil.Error:
-            session = None
+            pass
+    own = os.getsid(0)
     found = []
     for p in psutil.process_iter():
         try:
-            if p.pid == os.getpid():
+            if p.pid == os.getpid() or p.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if ((token and p.environ().get("AGENT_TRIAL_TOKEN") == token) or str(progress) in p.cmdline()
-                    or (session and os.getsid(p.pid) == session)):
+            ours = (token and p.environ().get("AGENT_TRIAL_TOKEN") == token) or str(progress) in p.cmdline()
+            if not ours and session and session != own and os.getsid(p.pid) == session:
+                ours = whole or started - 0.5 <= p.create_time() <= written + 1
+            if ours:
                 found.append(p)
         except (psutil.Error, OSError):
             continue
@@ -238,11 +247,12 @@ class Preflight:
         self.import_s = ready.get("import_s")
         return True
 
-    def check(self, flags: dict, env: dict) -> dict | None:
+    def check(self, flags: dict, env: dict, effective: bool = False) -> dict | None:
+        """effective: the answer carries the engine config vLLM built (sandbox.preflight.effective)."""
         if not self._start():
             return None
         try:
-            self.proc.stdin.write(json.dumps({"flags": flags, "env": env}) + "\n")
+            self.proc.stdin.write(json.dumps({"flags": flags, "env": env, "effective": effective}) + "\n")
             self.proc.stdin.flush()
             answer = self._read(self.answer_s)
         except (OSError, ValueError):

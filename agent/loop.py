@@ -361,12 +361,21 @@ def next_near(near: list[dict], seen: dict, space: Space) -> dict | None:
 
 
 def spent(history: list[Trial], settings: Settings) -> bool:
-    """--max-trials counts candidates that ran: a skipped point never started, and one a crash cut
-    (interrupted) is measured again after the resume, so neither uses up a trial."""
+    """--max-trials counts candidates that ran: a skipped point never started, and the first cut of a
+    point by a crash (interrupted) is measured again after the resume, so neither uses up a trial; a
+    point cut again counts, so a run whose trials keep being cut still stops."""
     if settings.max_trials is None:
         return False
-    return sum(1 for t in history if t.source in CANDIDATES and t.status not in ("skipped", "interrupted")) \
-        >= settings.max_trials
+    cut, count = set(), 0
+    for t in history:
+        if t.source not in CANDIDATES or t.status == "skipped":
+            continue
+        point = repr(sorted((t.params or {}).items()))
+        if t.status == "interrupted" and point not in cut:
+            cut.add(point)
+            continue
+        count += 1
+    return count >= settings.max_trials
 
 
 def narrowed(space: Space, changes: list[RangeChange]) -> Space:

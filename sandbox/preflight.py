@@ -1,8 +1,10 @@
 """Pre-flight: vLLM's own argument parser and config classes judge candidates before any server starts.
 
     python -m sandbox.preflight MODEL
-        stdin:  one JSON object per line, {"flags": {...}, "env": {...}} (flags as a trial spec has them)
-        stdout: one JSON object per line, {"ok": true} or {"ok": false, "message": "<vLLM's root cause>"}
+        stdin:  one JSON object per line, {"flags": {...}, "env": {...}} (flags as a trial spec has them),
+                with "effective": true to have the engine config vLLM built sent back
+        stdout: one JSON object per line, {"ok": true} or {"ok": false, "message": "<vLLM's root cause>"};
+                with "effective": {"section.field": "repr", ...} when asked (see `effective`)
 
 What a server start would do first, without it: parse the command line as `vllm serve` does,
 run its quick checks, and build the engine's whole config (pydantic validation of every section,
@@ -15,6 +17,7 @@ backend checks happen only when the engine initialises).
 from __future__ import annotations
 
 import contextlib
+import enum
 import io
 import json
 import os
@@ -39,7 +42,31 @@ def _vllm():
     return make_arg_parser, validate_parsed_serve_args, AsyncEngineArgs, FlexibleArgumentParser
 
 
-def check(model: str, flags: dict, env: dict, vllm=None) -> dict:
+def effective(config) -> dict[str, str]:
+    """The engine config vLLM built, flattened to its plain fields: {"scheduler_config.max_num_seqs":
+    "8", ...}. What a knob changed is read here, after vLLM's own defaults and overrides (a flag it
+    parses but then ignores or overrides leaves this unchanged)."""
+    plain = (bool, int, float, str, type(None), enum.Enum)
+
+    def shown(value) -> str | None:   # plain values, and short reprs that are not an object's address
+        if isinstance(value, plain) or (isinstance(value, (list, tuple)) and len(value) <= 64
+                                        and all(isinstance(v, plain) for v in value)):
+            return repr(value)
+        text = repr(value)
+        return text if len(text) <= 200 and " at 0x" not in text else None   # torch.bfloat16, say
+
+    out: dict[str, str] = {}
+    for section, sub in vars(config).items():
+        if isinstance(sub, plain):
+            out[section] = repr(sub)
+            continue
+        for name, value in (vars(sub).items() if hasattr(sub, "__dict__") else ()):
+            if (text := shown(value)) is not None:
+                out[f"{section}.{name}"] = text
+    return out
+
+
+def check(model: str, flags: dict, env: dict, vllm=None, with_config: bool = False) -> dict:
     make_arg_parser, validate, engine_args, parser_class = vllm or _vllm()
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update({k: str(v) for k, v in env.items()})
@@ -49,8 +76,9 @@ def check(model: str, flags: dict, env: dict, vllm=None) -> dict:
         with contextlib.redirect_stderr(said):   # argparse writes its refusal there before exiting
             args = make_arg_parser(parser_class()).parse_args(["--model", model, *argv_of(flags)])
         validate(args)
-        engine_args.from_cli_args(args).create_engine_config()
-        return {"ok": True, "seconds": round(time.monotonic() - started, 3)}
+        config = engine_args.from_cli_args(args).create_engine_config()
+        return {"ok": True, "seconds": round(time.monotonic() - started, 3),
+                **({"effective": effective(config)} if with_config else {})}
     except SystemExit:
         message = said.getvalue().strip().splitlines()[-1:] or ["the argument parser exited"]
         return {"ok": False, "message": message[0][:600], "seconds": round(time.monotonic() - started, 3)}
@@ -78,7 +106,7 @@ def main(model: str) -> int:
     for line in sys.stdin:
         try:
             point = json.loads(line)
-            answer = check(model, point.get("flags") or {}, point.get("env") or {}, vllm)
+            answer = check(model, point.get("flags") or {}, point.get("env") or {}, vllm, bool(point.get("effective")))
         except ValueError as e:
             answer = {"ok": None, "message": f"not a point: {e}"}
         answers.write(json.dumps(answer) + "\n")

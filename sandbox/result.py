@@ -138,23 +138,39 @@ def from_json(data: dict) -> TrialResult:
     if data.get("result_version") != RESULT_VERSION:
         raise ResultError(f"result_version {data.get('result_version')!r} is not {RESULT_VERSION}, the one this "
                           f"agent reads")
+    if data.get("status") not in STATUSES:
+        raise ResultError(f"status {data.get('status')!r} is not one of {', '.join(STATUSES)}")
+    if data["status"] == "failed" and not isinstance(data.get("failure"), dict):
+        raise ResultError("a failed result without its failure")
     try:
         return _typed(TrialResult, data)
     except (TypeError, KeyError) as e:
         raise ResultError(f"not a trial result: {e}") from None
 
 
-def _typed(cls, data: dict | None):
-    if data is None:
+STATUSES = ("ok", "failed", "pruned")
+REQUIRED = {Failure: ("class", "message"), Figures: ("tps",), Quality: ("ppl",)}
+NESTED = {"failure": Failure, "bench": Figures, "bench_heldout": Figures, "quality": Quality}
+MAPPINGS = ("timings", "workload", "flags", "env")
+
+
+def _typed(cls, data):
+    if data is None and cls is not TrialResult:
         return None
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} is a JSON object, not {type(data).__name__}")
+    if missing := [k for k in REQUIRED.get(cls, ()) if data.get(k) is None]:
+        raise KeyError(f"{cls.__name__} without {', '.join(missing)}")
     if cls is Failure:
-        data = {"klass": data.get("class"), **{k: v for k, v in data.items() if k != "class"}}
-    nested = {"failure": Failure, "bench": Figures, "bench_heldout": Figures, "quality": Quality}
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
+        data = {"klass": data["class"], **{k: v for k, v in data.items() if k != "class"}}
+    unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
         raise KeyError(f"unknown field(s) {sorted(unknown)} for {cls.__name__}")
-    return cls(**{k: _typed(nested[k], v) if cls is TrialResult and k in nested else v for k, v in data.items()})
+    if cls is TrialResult:
+        if bad := [k for k in MAPPINGS if k in data and not isinstance(data[k], dict)]:
+            raise TypeError(f"{', '.join(bad)} must be JSON objects")
+        data = {k: _typed(NESTED[k], v) if k in NESTED else v for k, v in data.items()}
+    return cls(**data)
 
 
 def write(path: Path, result: TrialResult) -> None:

@@ -94,6 +94,7 @@ class Server:
         self.env = minimal_env(env, self.token)
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self.started = 0.0   # the server process's create time: its session's members are no older
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.model_name: str | None = None
 
@@ -104,6 +105,10 @@ class Server:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.started = psutil.Process(self.proc.pid).create_time()
+        except psutil.Error:
+            self.started = time.time()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -148,7 +153,9 @@ class Server:
         return False
 
     def _our_processes(self) -> list[psutil.Process]:
-        """Every live process of this trial: the group's members and anything with our marker."""
+        """Every live process of this trial: the server's tree, its session's members (vLLM's engine
+        core starts without our marker and outlives a crashed server as init's child; only processes
+        started after the server count, so a reused session id is not ours), anything with our marker."""
         procs: dict[int, psutil.Process] = {}
         if self.proc is not None:
             try:
@@ -161,7 +168,9 @@ class Server:
             if p.pid in procs or p.pid == os.getpid():
                 continue
             try:
-                if p.environ().get("AGENT_TRIAL_TOKEN") == self.token:
+                if p.environ().get("AGENT_TRIAL_TOKEN") == self.token or (
+                        self.proc is not None and os.getsid(p.pid) == self.proc.pid
+                        and p.create_time() >= self.started - 1):
                     procs[p.pid] = p
             except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
                 continue

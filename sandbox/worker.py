@@ -179,7 +179,8 @@ class TrialRun:
         if self.progress:
             pid = self.server.proc.pid if self.server.proc else None
             # Enough for the agent to end this trial's processes if this worker dies without tearing down.
-            write_json(self.progress, {"phase": name, "server_pid": pid, "port": self.server.port,
+            write_json(self.progress, {"phase": name, "server_pid": pid, "server_started": self.server.started or None,
+                                       "port": self.server.port,
                                        "log": str(self.log_path), "worker_pid": os.getpid(), "token": self.server.token,
                                        **({"detail": detail} if detail else {})})
 

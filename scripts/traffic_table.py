@@ -108,6 +108,8 @@ def main() -> int:
     fixed_flags, fixed_env = plan["fixed"]
     rows = []
     names = args.only.split(",") if args.only else list(plan["configs"])   # --only's order is the run's
+    if unknown := [n for n in names if n not in plan["configs"]]:
+        parser.error(f"--only: {', '.join(unknown)} not in this plan ({', '.join(plan['configs'])})")
     for config in names:
         flags, env = plan["configs"][config]
         server = Server(args.model, argv_of({**fixed_flags, **flags}) + ["--chat-template", str(DATA / "traffic" / "gemma-chat.jinja")],

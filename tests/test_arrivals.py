@@ -250,7 +250,7 @@ def test_a_latency_objective_ranks_two_servers_that_serve_one_rate_alike(tmp_pat
     for result in (fast, slow):
         assert result.status == "ok", result.failure
         b = result.bench
-        assert b.objective == "e2e-p90" and b.requests == 40 and not hasattr(b, "samples")   # raw latencies stay out of the result
+        assert b.objective == "e2e-p90" and b.requests == 40   # (raw latencies: Figures has no field for them)
         assert b.figure > 0 and result.bench_heldout.objective == "e2e-p90"
     assert math.isclose(fast.bench.tps, slow.bench.tps, rel_tol=0.1), (fast.bench, slow.bench)
     ratio = fast.bench.figure / slow.bench.figure

@@ -460,3 +460,19 @@ def test_the_aa_instance_measures_the_held_out_prompts_that_the_first_decision_c
     # with no instance of the defaults measured for it.
     assert first.heldout_instances and len(first.heldout_instances) == 1
     assert not [t for t in trials if t.source == "extra" and t.number < first.number + 2]
+
+
+def test_max_trials_does_not_count_a_points_first_cut_by_a_crash_but_counts_the_next():
+    from agent.ledger import Trial
+    from agent.loop import spent
+
+    def row(status, params, source="planner"):
+        return Trial(run_id="r", source=source, status=status, params=params)
+
+    settings = Settings(model="m", workload="smoke", max_trials=2)
+    bind = {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    base = [row("ok", {}, "baseline"), row("skipped", {"block-size": 32})]
+    assert not spent(base + [row("interrupted", bind), row("ok", bind)], settings)   # the cut one is free
+    assert spent(base + [row("interrupted", bind), row("ok", bind), row("ok", {"max-num-seqs": 8})], settings)
+    # Cut twice: the second cut counts, so a run whose trials keep being cut still stops.
+    assert spent(base + [row("interrupted", bind), row("interrupted", bind), row("ok", bind)], settings)

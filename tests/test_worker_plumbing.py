@@ -345,3 +345,51 @@ def test_a_result_file_reads_back_as_the_result_written_and_a_foreign_one_is_ref
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(results.ResultError, match="bad.json: not JSON"):
         results.read(tmp_path / "bad.json")
+
+
+def test_a_trials_processes_are_its_servers_session_only_while_the_record_says_it_is_that_server(tmp_path):
+    """agent.engine.trial_processes: a session is taken for a trial that did not finish, whole while
+    its live leader is the recorded server, else only members started in the trial's window."""
+    import os
+    import signal
+    import subprocess
+
+    from agent.engine import trial_processes
+
+    child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    leader = subprocess.Popen([sys.executable, "-c", child], start_new_session=True, env={"PATH": os.environ["PATH"]})
+    try:
+        for _ in range(100):
+            members = [p for p in psutil.process_iter() if _sid(p) == leader.pid]
+            if len(members) == 2:
+                break
+            time.sleep(0.1)
+        assert len(members) == 2
+        started = psutil.Process(leader.pid).create_time()
+        progress = tmp_path / "progress.json"
+
+        def found(phase, recorded):
+            progress.write_text(json.dumps({"phase": phase, "server_pid": leader.pid, "server_started": recorded,
+                                            "token": "not-set-anywhere"}))
+            return sorted(p.pid for p in trial_processes(progress))
+
+        every = sorted(p.pid for p in members)
+        assert found("benchmark", started) == every          # the recorded server leads it: the whole session
+        assert found("done", started) == []                  # a finished trial checked its own teardown
+        assert found("benchmark", started + 3600) == []      # another process under a reused pid: not ours
+        leader.kill()
+        leader.wait()
+        (orphan,) = [p.pid for p in psutil.process_iter() if _sid(p) == leader.pid and p.status() != "zombie"]
+        assert found("benchmark", started) == [orphan]       # the leader gone: its member, started in the window
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+def _sid(p: psutil.Process) -> int | None:
+    import os
+
+    try:
+        return os.getsid(p.pid)
+    except OSError:
+        return None
