@@ -244,7 +244,8 @@ def test_two_instances_of_the_defaults_reproduce_perplexity_and_the_greedy_rule_
     home = real_run.home
     ledger = Ledger(home / "ledger.sqlite")
     (run,) = ledger.runs()
-    first, second = (t for t in ledger.trials(run.id) if t.source == "baseline")
+    # The first two: a noisy machine adds instances of the defaults after the A/A (5 on 2026-12-03).
+    first, second = [t for t in ledger.trials(run.id) if t.source == "baseline"][:2]
     assert first.ppl and abs(first.ppl / second.ppl - 1) < 0.005
     assert first.greedy == second.greedy and first.greedy
     assert run.calibration["reason"].startswith("the defaults' 2 instances agreed token for token")
