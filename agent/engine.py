@@ -21,6 +21,7 @@ import psutil
 import yaml
 
 from sandbox import result as results
+from sandbox.server import session_members
 from sandbox.result import TrialResult
 
 TEARDOWN_GRACE_S = 90.0
@@ -174,20 +175,18 @@ def trial_processes(progress: Path) -> list[psutil.Process]:
             whole = leader.status() != psutil.STATUS_ZOMBIE and abs(leader.create_time() - started) < 0.5
         except psutil.Error:
             pass
-    own = os.getsid(0)
-    found = []
+    found: dict[int, psutil.Process] = {}
     for p in psutil.process_iter():
         try:
-            if p.pid == os.getpid() or p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            ours = (token and p.environ().get("AGENT_TRIAL_TOKEN") == token) or str(progress) in p.cmdline()
-            if not ours and session and session != own and os.getsid(p.pid) == session:
-                ours = whole or started - 0.5 <= p.create_time() <= written + 1
-            if ours:
-                found.append(p)
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and (
+                    (token and p.environ().get("AGENT_TRIAL_TOKEN") == token) or str(progress) in p.cmdline()):
+                found[p.pid] = p
         except (psutil.Error, OSError):
             continue
-    return found
+    if session and session != os.getsid(0):
+        members = session_members(session) if whole else session_members(session, started - 0.5, written + 1)
+        found.update({p.pid: p for p in members})
+    return list(found.values())
 
 
 def _read(progress: Path) -> dict:

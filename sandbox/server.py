@@ -38,6 +38,21 @@ POLL_S = 1.0
 VLLM_LAUNCHER = ("-m", "vllm.entrypoints.openai.api_server")
 
 
+def session_members(session: int, since: float = 0.0, until: float | None = None) -> list[psutil.Process]:
+    """The live (not zombie) processes of session `session` started between `since` and `until`
+    (create times): a server leads its own session, and vLLM's engine core stays in it without our
+    marker. The one place session membership is read (the worker's teardown, the agent's reap)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if (p.pid != os.getpid() and os.getsid(p.pid) == session and p.status() != psutil.STATUS_ZOMBIE
+                    and since <= p.create_time() and (until is None or p.create_time() <= until)):
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
 def free_port() -> int:
     """A free port: the first free one of AGENT_PORTS (low-high: a range of this worker's own, so two
     workers of one host never race for a port), else one the kernel picks."""
@@ -168,12 +183,12 @@ class Server:
             if p.pid in procs or p.pid == os.getpid():
                 continue
             try:
-                if p.environ().get("AGENT_TRIAL_TOKEN") == self.token or (
-                        self.proc is not None and os.getsid(p.pid) == self.proc.pid
-                        and p.create_time() >= self.started - 1):
+                if p.environ().get("AGENT_TRIAL_TOKEN") == self.token:
                     procs[p.pid] = p
             except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
                 continue
+        if self.proc is not None:
+            procs.update({p.pid: p for p in session_members(self.proc.pid, since=self.started - 1) if p.pid not in procs})
         return [p for p in procs.values() if _running(p)]
 
     def stop(self, grace_s: float = 20.0) -> Cleanup:

@@ -20,6 +20,7 @@ import yaml
 
 from agent import recovery
 from agent.ledger import Ledger
+from sandbox.server import session_members
 
 pytestmark = pytest.mark.engine
 # Two baseline instances, the A/A check and one candidate, plus the candidate's held-out decision (one
@@ -267,7 +268,7 @@ def test_a_sigkill_inside_the_candidates_benchmark_costs_no_candidate(real_run):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     # vLLM's engine core and its workers too: they carry no marker and outlive the server as init's
     # children (found alive 8 minutes later before the resume looked for the server's session).
-    left = [p.pid for p in psutil.process_iter() if _in_session(p, killed["server_pid"])]
+    left = [p.pid for p in session_members(killed["server_pid"])]
     assert left == [] and recovery.stray_servers(home / run.id) == []
     again = [t for t in trials if t.number > cut.number and (t.flags, t.env) == (cut.flags, cut.env)]
     assert again, [(t.number, t.source, t.status) for t in trials]
@@ -275,9 +276,3 @@ def test_a_sigkill_inside_the_candidates_benchmark_costs_no_candidate(real_run):
     assert again[0].decision in ("accepted", "refused", "speed-only", "pruned", "dominated"), again[0].decision
     assert datetime.fromisoformat(again[0].finished_at) <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=120)
 
-
-def _in_session(p: psutil.Process, session: int) -> bool:
-    try:
-        return os.getsid(p.pid) == session and p.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, OSError):
-        return False

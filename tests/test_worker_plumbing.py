@@ -210,14 +210,7 @@ def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake
     assert info["server_pid"] in killed
     assert not psutil.pid_exists(info["server_pid"]) or psutil.Process(info["server_pid"]).status() == "zombie"
     assert server_mod.port_is_free(info["port"])
-    session = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == info["server_pid"] and p.status() != psutil.STATUS_ZOMBIE:
-                session.append(p.pid)
-        except (psutil.Error, OSError):
-            continue
-    assert session == []
+    assert server_mod.session_members(info["server_pid"]) == []
 
 
 def test_a_hopeless_benchmark_is_pruned_after_a_few_requests_and_skips_quality(tmp_path, fake_mode):
@@ -360,7 +353,7 @@ def test_a_trials_processes_are_its_servers_session_only_while_the_record_says_i
     leader = subprocess.Popen([sys.executable, "-c", child], start_new_session=True, env={"PATH": os.environ["PATH"]})
     try:
         for _ in range(100):
-            members = [p for p in psutil.process_iter() if _sid(p) == leader.pid]
+            members = server_mod.session_members(leader.pid)
             if len(members) == 2:
                 break
             time.sleep(0.1)
@@ -379,17 +372,9 @@ def test_a_trials_processes_are_its_servers_session_only_while_the_record_says_i
         assert found("benchmark", started + 3600) == []      # another process under a reused pid: not ours
         leader.kill()
         leader.wait()
-        (orphan,) = [p.pid for p in psutil.process_iter() if _sid(p) == leader.pid and p.status() != "zombie"]
+        (orphan,) = [p.pid for p in server_mod.session_members(leader.pid)]
         assert found("benchmark", started) == [orphan]       # the leader gone: its member, started in the window
     finally:
         os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
 
-
-def _sid(p: psutil.Process) -> int | None:
-    import os
-
-    try:
-        return os.getsid(p.pid)
-    except OSError:
-        return None
