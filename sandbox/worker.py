@@ -29,7 +29,7 @@ import httpx
 from sandbox import bench, goodput, host, metrics, quality, result as results, spec as specs
 from sandbox.failures import TrialFailure, log_tail
 from sandbox.result import Figures, Quality, TrialResult
-from sandbox.server import VLLM_LAUNCHER, Server
+from sandbox.server import Server
 from sandbox.workload import latency_of
 
 class Interrupted(BaseException):
@@ -151,7 +151,7 @@ class TrialRun:
     the phase in flight and the trial's marker from before the server exists, so whatever kills
     this worker, the agent can find and end the server (engine.reap)."""
 
-    def __init__(self, spec: specs.TrialSpec, log_path: Path, progress: Path | None, launcher: tuple[str, ...],
+    def __init__(self, spec: specs.TrialSpec, log_path: Path, progress: Path | None, launcher: tuple[str, ...] | None,
                  port: int | None):
         self.spec, self.log_path, self.progress = spec, log_path, progress
         workload = spec.workload
@@ -313,7 +313,7 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
 
 
 def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = None,
-              launcher: tuple[str, ...] = VLLM_LAUNCHER, port: int | None = None) -> TrialResult:
+              launcher: tuple[str, ...] | None = None, port: int | None = None) -> TrialResult:
     """Run every phase of one trial; never raises for a trial failure, always tears down.
 
     progress, when given, is rewritten with the phase in flight and the server's pid, for the

