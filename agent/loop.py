@@ -565,7 +565,7 @@ def measure_baseline(run: Run, settings: Settings, space: Space, ledger: Ledger,
     noise = base.measured_noise   # what this machine showed; the bounds add the space's prior (base.noise)
     ledger.update(run, baseline_tps=round(base.tps, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
                   noise_df=noise.df, calibration={**(run.calibration or {}), **base.calibration.as_dict(),
-                                                  "aa": verdict.line, "noise_prior": base.prior.as_dict()})
+                                                  "aa": verdict.line})   # the prior is in run.settings
     say("baseline", tps=base.tps, ppl=base.ppl, noise=noise.sd, df=noise.df, instances=base.search,
         calibration=base.calibration.as_dict(), unit=gate.unit((run.settings or {}).get("traffic")),
         prior=(base.prior.sd, base.prior.df), bound_noise=base.noise.sd)

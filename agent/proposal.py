@@ -46,6 +46,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "heldout_tps": trial.heldout_tps, "heldout_ratio": trial.heldout_ratio,
         "heldout_interval": trial.heldout_interval, "heldout_instances": trial.heldout_instances,
         "search_interval": trial.search_interval, "noise_log_sd": run.noise, "noise_df": run.noise_df,
+        "noise_prior": (run.settings or {}).get("noise_prior"),
         "greedy_rule": trial.rule, "flips": trial.flips, "calibration": {k: v for k, v in (run.calibration or {}).items()
                                                                           if k not in ("engine_defaults", "plan")},
         "ppl": trial.ppl, "ppl_change": trial.ppl_change, "baseline_ppl": run.baseline_ppl,
