@@ -24,7 +24,7 @@ from agent import storage as storages, study as studies
 from sandbox import model as embedded
 from agent.gate import GateSettings, unit
 from agent.stats import Noise
-from agent.loop import Settings
+from agent.context import RunContext, Seams, Settings
 
 G, S = GateSettings, Settings  # every default lives on these two dataclasses
 from agent.log import event_logger
@@ -202,7 +202,7 @@ def run(
                                              "GPUs) and require greedy outputs token for token."),
     drift_every: int = typer.Option(S.drift_every, min=0, help="Candidate trials between re-measurements of the "
                                                                "defaults (0: never)."),
-    one_knob_start: bool = typer.Option(S.near_start, help="Start the sampler with one-knob changes from the "
+    one_knob_start: bool = typer.Option(S.one_knob_start, help="Start the sampler with one-knob changes from the "
                                         "engine's defaults instead of random points (slower to the best on the "
                                         "simulated engine: docs/results.md)."),
     recheck: bool = typer.Option(S.recheck, help="Decide on fresh servers and held-out prompts (off: on the "
@@ -211,9 +211,9 @@ def run(
                                                        "top-5 next-token distributions is above this (nats)."),
     kl_max_lossy: float = typer.Option(G.kl_max_lossy, min=0, help="The KL bound for lossy configs (fp8 and the "
                                                                    "like) when --kl-max is not given (nats)."),
-    slo_ttft_p99_ms: float = typer.Option(G.ttft_p99_ms_max, min=0, help="SLO: refuse configs whose p99 time to "
+    slo_ttft_p99_ms: float = typer.Option(G.slo_ttft_p99_ms, min=0, help="SLO: refuse configs whose p99 time to "
                                                                         "first token is above this."),
-    slo_itl_p99_ms: float = typer.Option(G.itl_p99_ms_max, min=0, help="SLO: refuse configs whose p99 inter-token "
+    slo_itl_p99_ms: float = typer.Option(G.slo_itl_p99_ms, min=0, help="SLO: refuse configs whose p99 inter-token "
                                                                       "latency is above this."),
     slo_e2e_p99_ms: float = typer.Option(None, min=0, help="SLO for --objective goodput: p99 end-to-end latency."),
     arrivals: str = typer.Option(None, help="How requests arrive: concurrency (the workload's), rate:R[,burstiness=B]"
@@ -260,15 +260,20 @@ def run(
                 for stale in (r for r in ledger.runs() if r.status == "running"):  # we hold the lock: it died
                     console.print(f"note: run {stale.id} was cut off (deadline {stale.deadline_at}); "
                                   f"continue it with: agent run --resume {stale.id}", highlight=False)
-                row = _new_run(ledger, home, budget_text, **options)
+                row = _new_run(ledger, home, budget_text, options)
             _search(ledger, row)
     except recovery.Busy as e:
         raise fail(str(e), 1) from None
 
 
-def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, *, model, space_name, workload, quality, repo,
-             sampler, draft_model, planner, traffic, chat_template, multi_turn, quality_text, **settings) -> ledgers.Run:
-    """Check every option, prepare the model, and write the run's row: everything a resume needs is in it."""
+def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict) -> ledgers.Run:
+    """Check every option, prepare the model, and write the run's row: everything a resume needs is in it.
+    options: the `run` command's, by their parameter names."""
+    settings = dict(options)
+    model, space_name, workload, quality, repo, sampler, draft_model, planner, traffic, chat_template, multi_turn, \
+        quality_text = (settings.pop(k) for k in ("model", "space_name", "workload", "quality", "repo", "sampler",
+                                                  "draft_model", "planner", "traffic", "chat_template", "multi_turn",
+                                                  "quality_text"))
     from agent import traffic as traffics
     from sandbox.host import engine as engine_info, hardware
     from sandbox.traffic import TrafficError, load as load_traffic
@@ -478,12 +483,12 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
 
 # A run written by an older version lacks the newer settings: they take today's defaults.
 DEFAULTS = {"quality": "default", "ppl_tolerance": G.ppl_tolerance, "ppl_max": G.ppl_max, "min_gain": G.min_gain,
-            "kl_max": G.kl_max, "kl_max_lossy": G.kl_max_lossy, "slo_ttft_p99_ms": G.ttft_p99_ms_max,
-            "slo_itl_p99_ms": G.itl_p99_ms_max,
+            "kl_max": G.kl_max, "kl_max_lossy": G.kl_max_lossy, "slo_ttft_p99_ms": G.slo_ttft_p99_ms,
+            "slo_itl_p99_ms": G.slo_itl_p99_ms,
             "max_instances": G.max_instances, "exact": G.exact, "baseline_instances": S.baseline_instances,
             "repeats": S.repeats, "seed": S.seed, "sampler_per_planner": S.sampler_per_planner, "sampler": S.sampler,
             "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every,
-            "one_knob_start": S.near_start, "planner": "builtin", "workers": 1, "model_given": None,
+            "one_knob_start": S.one_knob_start, "planner": "builtin", "workers": 1, "model_given": None,
             "draft_models": [], "noise_prior": [0.0, 0]}   # a run from before the prior keeps judging without it
 
 
@@ -499,8 +504,8 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
     o = {**DEFAULTS, **row.settings}  # a run written by an older version lacks the newer settings
     meter = load_workload(o.get("workload_spec") or row.workload)
     gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
-                        kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], ttft_p99_ms_max=o["slo_ttft_p99_ms"],
-                        itl_p99_ms_max=o["slo_itl_p99_ms"],
+                        kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], slo_ttft_p99_ms=o["slo_ttft_p99_ms"],
+                        slo_itl_p99_ms=o["slo_itl_p99_ms"],
                         max_instances=o["max_instances"], exact=o["exact"],
                         noise_prior=Noise(*o["noise_prior"]))
     settings = Settings(model=_model_here(row, o), workload=o.get("workload_spec") or row.workload,
@@ -508,7 +513,7 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
                         baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
                         sampler_per_planner=o["sampler_per_planner"], sampler=o["sampler"],
                         max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"],
-                        near_start=o["one_knob_start"], home=home,
+                        one_knob_start=o["one_knob_start"], home=home,
                         facts={**hardware(), "concurrency": meter.concurrency,
                                "max_tokens": max(r.max_tokens for r in meter.measured(0)),
                                "sampled_share": meter.summary()["sampled_share"]})
@@ -541,7 +546,8 @@ def make_engine(slot: devices.Slot | None):
 
 
 def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
-    from agent.loop import BaselineFailed, BudgetTooShort, DirtyMachine, run_search
+    from agent.defaults import BaselineFailed, BudgetTooShort
+    from agent.loop import DirtyMachine, run_search
 
     settings, space, o = _settings(row)
     say = event_logger(Path(o["home"]) / row.id / "events.jsonl", console)
@@ -561,8 +567,8 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
             if procs:
                 say("workers", count=len(slots), devices=[s.device for s in slots])
             try:
-                run_search(row, settings, space, ledger, engine, gitops.open_repo(Path(row.repo)), _storage(), say,
-                           planner=planner, me=me)
+                run_search(RunContext(row, settings, space), Seams(ledger, engine, gitops.open_repo(Path(row.repo)), say),
+                           _storage(), planner=planner, me=me)
             finally:
                 crew.stop(procs)   # each ends its trial in flight and records it
     except KeyboardInterrupt:
@@ -641,7 +647,9 @@ def worker(
 
 
 def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: int | None) -> None:
-    from agent.loop import BaselineFailed, DirtyMachine, Superseded, work
+    from agent.defaults import BaselineFailed
+    from agent.loop import DirtyMachine, work
+    from agent.recording import Superseded
 
     home = paths.home()
     settings, space, o = _settings(row, home=home)
@@ -654,7 +662,7 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
             f"interrupted); start it again: {hint}")
     try:
         with crew.Heartbeat(ledger, me, parent) as beat:
-            work(row, settings, space, ledger, engine, _storage(), me, say, lost=beat.lost.is_set)
+            work(RunContext(row, settings, space), Seams(ledger, engine, None, say), _storage(), me, lost=beat.lost.is_set)
         if beat.lost.is_set():
             raise fail(lost, 1)
     except Superseded:
@@ -771,7 +779,7 @@ def verify(
     Exit status 0: the claim holds (the 95% interval lies within claim +- tolerance); 1: it does not
     (the interval is clear of that band); 3: the rounds allowed could not decide."""
     from agent.engine import WorkerEngine
-    from agent.verify import HOLDS, UNDECIDED, VerifyError, verify as run_verify
+    from agent.verify import HOLDS, UNDECIDED, Rounds, VerifyError, verify as run_verify
 
     ledger = open_ledger()
     parts = branch.split("/")
@@ -781,7 +789,7 @@ def verify(
     try:
         repo = gitops.open_repo(Path(run_row.repo))
         r = run_verify(ledger, repo, branch, WorkerEngine(), paths.home() / run_row.id / "verify",
-                       rounds, tolerance, split, say=lambda m: console.print(m, highlight=False))
+                       Rounds(rounds, tolerance, split), say=lambda m: console.print(m, highlight=False))
     except (VerifyError, gitops.RepoError) as e:
         raise fail(str(e), 1) from None
     low, high = r["interval"]

@@ -40,8 +40,8 @@ class GateSettings:
     kl_max_lossy: float = 0.005        # the same bound, on by default for lossy configs: perplexity alone was
                                        # gamed in the challenge. H200: online fp8 weights 0.0071 (PPL +17.5%),
                                        # ngram_gpu 0.00027 (numerics only): docs/results.md
-    ttft_p99_ms_max: float | None = None   # SLO bounds: a faster config that breaks one is refused
-    itl_p99_ms_max: float | None = None
+    slo_ttft_p99_ms: float | None = None   # SLO bounds: a faster config that breaks one is refused
+    slo_itl_p99_ms: float | None = None
     level: float = 0.99                # one-sided level of each bound, per look of the sequential test
     detect: float = 0.10               # the gain the test is sized for: refused once the bounds exclude it
     max_instances: int = 16            # fresh candidate instances at most in one held-out decision
@@ -331,8 +331,8 @@ def check(result: TrialResult, base: Baseline, lossless: bool, settings: GateSet
 
 def slo_breaches(bench: Figures, settings: GateSettings) -> list[str]:
     out = []
-    for key, bound, name in (("ttft_ms", settings.ttft_p99_ms_max, "time to first token"),
-                             ("itl_ms", settings.itl_p99_ms_max, "inter-token latency")):
+    for key, bound, name in (("ttft_ms", settings.slo_ttft_p99_ms, "time to first token"),
+                             ("itl_ms", settings.slo_itl_p99_ms, "inter-token latency")):
         p99 = getattr(bench, key).get("p99")
         if bound is not None and p99 is not None and p99 > bound:
             out.append(f"SLO: p99 {name} {p99:.0f} ms is above the bound {bound:.0f} ms")
@@ -347,7 +347,7 @@ def constraint(verdict: Verdict, result: TrialResult, settings: GateSettings) ->
     if verdict.quality_ok:
         return 0.0
     worst = 0.0
-    for key, bound in (("ttft_ms", settings.ttft_p99_ms_max), ("itl_ms", settings.itl_p99_ms_max)):
+    for key, bound in (("ttft_ms", settings.slo_ttft_p99_ms), ("itl_ms", settings.slo_itl_p99_ms)):
         p99 = getattr(result.bench, key).get("p99")
         if bound and p99 is not None:
             worst = max(worst, p99 / bound - 1)

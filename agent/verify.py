@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import git
@@ -31,8 +32,18 @@ class VerifyError(ValueError):
     pass
 
 
-def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, max_rounds: int = 4,
-           tolerance: float = 0.05, split: str = "heldout", say: Callable[[str], None] = print) -> dict:
+@dataclass(frozen=True)
+class Rounds:
+    """How a claim is re-measured: up to max_rounds pairs of fresh servers on the split's prompts, and
+    the share of the claim within which it holds."""
+    max_rounds: int = 4
+    tolerance: float = 0.05
+    split: str = "heldout"
+
+
+def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, rounds: Rounds = Rounds(),
+           say: Callable[[str], None] = print) -> dict:
+    max_rounds, tolerance, split = rounds.max_rounds, rounds.tolerance, rounds.split
     try:
         claim = json.loads(repo.git.show(f"{branch}:serving/results.json"))
     except git.GitCommandError:

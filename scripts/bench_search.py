@@ -34,7 +34,9 @@ from agent import gitops, paths, space as spaces  # noqa: E402
 from agent.gate import GateSettings  # noqa: E402
 from agent.stats import Noise  # noqa: E402
 from agent.ledger import Ledger, Run, Trial, as_dict  # noqa: E402
-from agent.loop import Settings, measure_baseline, run_search  # noqa: E402
+from agent.context import RunContext, Seams, Settings  # noqa: E402
+from agent.defaults import measure_baseline  # noqa: E402
+from agent.loop import run_search  # noqa: E402
 from agent.planner import BuiltinPlanner, NoPlanner  # noqa: E402
 
 ARMS = {  # name: (planner, sampler, the search features on)
@@ -80,7 +82,7 @@ def settings_for(args, arm: str, model: str, max_trials: int, space) -> Settings
                     baseline_instances=args.baseline_instances, seed=args.seed,
                     gate=GateSettings(noise_prior=Noise(*space.noise_prior)),
                     sampler=ARMS[arm][1], max_trials=max_trials, preflight=bool(ARMS[arm][2]),
-                    prune=bool(ARMS[arm][2]), near_start=ARMS[arm][2] == "one-knob",
+                    prune=bool(ARMS[arm][2]), one_knob_start=ARMS[arm][2] == "one-knob",
                     facts={"cpus": len(__import__("os").sched_getaffinity(0)), "concurrency": 1})
 
 
@@ -95,13 +97,13 @@ def real(args, out: Path) -> dict[str, list[list[float]]]:
     runs = {arm: new_run(ledger, arm, space, out, repo, hours=12) for arm in args.arms}
     first = runs[args.arms[0]]
     log = lambda event, **info: print(event, json.dumps(info, default=str)[:300], flush=True)  # noqa: E731
-    measure_baseline(first, settings_for(args, args.arms[0], model, 0, space), space, ledger, engine, log)
+    measure_baseline(RunContext(first, settings_for(args, args.arms[0], model, 0, space), space), Seams(ledger, engine, repo, log))
     for arm in args.arms[1:]:
         copy_baseline(ledger, ledger.run(first.id), runs[arm])
     for k in range(1, args.trials + 1):  # interleaved: trial k of every arm before trial k+1 of any
         for arm in args.arms:
-            run_search(ledger.run(arm), settings_for(args, arm, model, k, space), space, ledger, engine, repo, storage,
-                       log, planner=ARMS[arm][0]())
+            run_search(RunContext(ledger.run(arm), settings_for(args, arm, model, k, space), space),
+                       Seams(ledger, engine, repo, log), storage, planner=ARMS[arm][0]())
         report({arm: [best_curve(ledger, arm, k)] for arm in args.arms}, k, out)
     return {arm: [best_curve(ledger, arm, args.trials)] for arm in args.arms}
 
@@ -124,7 +126,7 @@ def simulated(args, out: Path) -> dict[str, list[list[float]]]:
             def note(event, **info):   # the simulated clock when each trial's result was known
                 if event == "result":
                     at[info["number"]] = engine.clock
-            run_search(run, s, space, ledger, engine, repo, f"sqlite:///{home / 'optuna.sqlite'}", note,
+            run_search(RunContext(run, s, space), Seams(ledger, engine, repo, note), f"sqlite:///{home / 'optuna.sqlite'}",
                        planner=ARMS[arm][0]())
             curves[arm].append(best_curve(ledger, arm, args.trials))
             rows = [t for t in ledger.trials(arm) if t.source in ("planner", "sampler") and t.status != "skipped"]

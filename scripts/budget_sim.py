@@ -29,14 +29,26 @@ from agent import gitops, space as spaces  # noqa: E402
 from agent.gate import GateSettings  # noqa: E402
 from agent.stats import Noise  # noqa: E402
 from agent.ledger import Ledger, Run  # noqa: E402
-from agent.loop import BaselineFailed, Settings, run_search  # noqa: E402
+try:   # this checkout: one clock seam, a run context
+    from agent import clock  # noqa: E402
+    from agent.context import RunContext, Seams, Settings  # noqa: E402
+    from agent.defaults import BaselineFailed  # noqa: E402
+except ImportError:   # an older checkout on PYTHONPATH (the "before" row): the loop read the time itself
+    clock = None
+    from agent.loop import BaselineFailed, Settings  # noqa: E402
+from agent.loop import run_search  # noqa: E402
 from sim_engine import SimulatedEngine  # noqa: E402
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def on_clock(engine: SimulatedEngine, budget_s: float) -> None:
-    """agent.loop reads the simulated clock: its deadline, the run's age and each trial's duration."""
+    """The loop reads the simulated clock: its deadline, the run's age and each trial's duration."""
+    if clock is not None:   # agent.clock, the one seam
+        clock.now = lambda: START + timedelta(seconds=engine.clock)
+        clock.monotonic = lambda: engine.clock
+        return
+
     class Clock(datetime):
         @classmethod
         def now(cls, tz=None):
@@ -73,7 +85,10 @@ def one_run(seed: int, home: Path, budget_s: float, noise: float, start_s: tuple
         if event == "result" and row is not None and row.branch and committed is None:
             committed = engine.clock
     try:
-        run_search(run, settings, space, ledger, engine, repo, f"sqlite:///{home / 'optuna.sqlite'}", note)
+        if clock is None:
+            run_search(run, settings, space, ledger, engine, repo, f"sqlite:///{home / 'optuna.sqlite'}", note)
+        else:
+            run_search(RunContext(run, settings, space), Seams(ledger, engine, repo, note), f"sqlite:///{home / 'optuna.sqlite'}")
     except BaselineFailed as e:
         stopped = (engine.clock, str(e))
     trials = ledger.trials("r")

@@ -28,7 +28,7 @@ from agent.gate import (GateSettings, Instance, baseline_of, check, decide, gree
 from agent.stats import Noise  # noqa: E402
 from sim_engine import SimulatedEngine  # noqa: E402
 from sandbox.result import TrialResult  # noqa: E402
-from agent.loop import Settings  # noqa: E402
+from agent.context import Settings  # noqa: E402
 
 DEFAULTS = {"flags": {}, "env": {}}
 FAST = {"flags": {}, "env": {"GAIN": "on"}}
@@ -57,7 +57,7 @@ def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings, base
     while more_defaults_wanted(baseline_of(defaults, settings, aa=aa), verdict, added, settings):
         defaults.append(instance(measure(engine, DEFAULTS)))
         spent, added = spent + 1, added + 1
-    # As agent.loop.baseline_from: the A/A out of the screen, its held-out figure shared by decisions.
+    # As agent.defaults.baseline_from: the A/A out of the screen, its held-out figure shared by decisions.
     base = replace(baseline_of(defaults, settings, aa=aa), reference=first.reference, calibration=verdict.calibration)
     result = measure(engine, config)
     spent += 1

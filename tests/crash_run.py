@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent import gitops, recovery, space as spaces, study as studies  # noqa: E402
 from agent.ledger import Ledger, Run  # noqa: E402
-from agent.loop import Settings, run_search  # noqa: E402
+from agent.context import RunContext, Seams, Settings  # noqa: E402
+from agent.loop import run_search  # noqa: E402
 from fake_engine import FakeEngine  # noqa: E402
 
 
@@ -102,12 +103,13 @@ def main() -> None:
 
             from agent.log import event_logger
             say = event_logger(home / run_id / "events.jsonl", Console(stderr=True))
-            run_search(run, settings, space, ledger, SlowEngine(float(os.environ["PHASE_S"])), repo, storage, say)
+            run_search(RunContext(run, settings, space), Seams(ledger, SlowEngine(float(os.environ["PHASE_S"])), repo, say),
+                       storage)
         else:
             engine = FakeEngine(delay_s=0.15)
             if os.environ.get("KILL_AT"):
                 kill_at(home, run_id, ledger, engine)
-            run_search(run, settings, space, ledger, engine, repo, storage)
+            run_search(RunContext(run, settings, space), Seams(ledger, engine, repo), storage)
 
 
 class SlowEngine(FakeEngine):

@@ -175,7 +175,7 @@ def test_constraint_is_infeasible_for_quality_refusals_and_feasible_for_slow_con
     assert not slow.passed and slow.quality_ok and gate.constraint(slow, result(9.0, greedy(IDS)), GateSettings()) == 0
     worse = check(result(14.0, greedy(IDS), ppl=9.0), base, lossless=True)
     assert gate.constraint(worse, result(14.0, greedy(IDS), ppl=9.0), GateSettings()) == 1.0
-    slo = GateSettings(ttft_p99_ms_max=100)
+    slo = GateSettings(slo_ttft_p99_ms=100)
     late = result(14.0, greedy(IDS), ttft=150.0)
     assert gate.constraint(check(late, base, True, slo), late, slo) == pytest.approx(0.5)
     crashed = failed("crashed", "server stopped answering")

@@ -10,7 +10,9 @@ import yaml
 from agent import budget, gitops, space as spaces
 from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
-from agent.loop import BaselineFailed, Settings, run_search
+from agent.context import RunContext, Seams, Settings
+from agent.defaults import BaselineFailed
+from agent.loop import run_search
 from fake_engine import FakeEngine
 from sandbox.result import failed
 
@@ -29,8 +31,8 @@ def night(tmp_path_factory):
     engine = FakeEngine()
     events = []
     settings = Settings(model="m", workload="smoke", gate=GateSettings(), facts={"cpus": 2, "concurrency": 1})
-    finished = run_search(run, settings, space, ledger, engine,
-                          repo, f"sqlite:///{tmp_path / 'optuna.sqlite'}", lambda e, **i: events.append((e, i)))
+    finished = run_search(RunContext(run, settings, space), Seams(ledger, engine, repo, lambda e, **i: events.append((e, i))),
+                          f"sqlite:///{tmp_path / 'optuna.sqlite'}")
     return ledger, repo, finished, tmp_path, events
 
 
@@ -190,8 +192,8 @@ def test_interrupt_ends_the_trial_in_flight_and_stops_cleanly(tmp_path):
                          space_path=space.path, space_hash=space.hash, workload="smoke", repo="",
                          settings={"home": str(tmp_path)}))
     with pytest.raises(KeyboardInterrupt):
-        run_search(run, Settings(model="m", workload="smoke"), space, ledger, StopAt(3),
-                   gitops.open_repo(tmp_path / "p", create=True), f"sqlite:///{tmp_path / 'o.sqlite'}")
+        run_search(RunContext(run, Settings(model="m", workload="smoke"), space),
+                   Seams(ledger, StopAt(3), gitops.open_repo(tmp_path / "p", create=True)), f"sqlite:///{tmp_path / 'o.sqlite'}")
     _close_interrupted(ledger, "r2", "stopped")
     statuses = [t.status for t in ledger.trials("r2")]
     assert statuses[-1] == "interrupted" and "running" not in statuses
@@ -214,11 +216,12 @@ def test_a_candidate_interrupted_by_a_stop_is_measured_again_after_the_resume(tm
                          settings={"home": str(tmp_path)}))
     settings = Settings(model="m", workload="smoke", max_trials=2, facts={"cpus": 2, "concurrency": 1})
     with pytest.raises(KeyboardInterrupt):
-        run_search(run, settings, space, ledger, StopAt(4), repo, storage)
+        run_search(RunContext(run, settings, space), Seams(ledger, StopAt(4), repo), storage)
     recovery.repair(ledger, ledger.run("r7"), storage, repo)
     (cut,) = [t for t in ledger.trials("r7") if t.status == "interrupted"]
     assert cut.source == "planner" and list(cut.params) == ["VLLM_CPU_OMP_THREADS_BIND"]
-    run_search(ledger.update(ledger.run("r7"), status="running"), settings, space, ledger, FakeEngine(), repo, storage)
+    run_search(RunContext(ledger.update(ledger.run("r7"), status="running"), settings, space),
+               Seams(ledger, FakeEngine(), repo), storage)
     again = [t for t in ledger.trials("r7") if t.params == cut.params and t.number > cut.number]
     assert again and again[0].status == "ok" and again[0].source == "planner"
     assert ledger.trial("r7", cut.number).status == "interrupted"   # the row of the cut trial stays
@@ -226,11 +229,11 @@ def test_a_candidate_interrupted_by_a_stop_is_measured_again_after_the_resume(tm
 
 
 def test_verify_re_measures_a_branch_against_the_defaults(night):
-    from agent.verify import verify
+    from agent.verify import Rounds, verify
 
     ledger, repo, run, tmp_path, _ = night
     best = max((t for t in ledger.trials("r1") if t.branch), key=lambda t: t.heldout_ratio)
-    report = verify(ledger, repo, best.branch, FakeEngine(), tmp_path / "verify", max_rounds=4, say=lambda m: None)
+    report = verify(ledger, repo, best.branch, FakeEngine(), tmp_path / "verify", Rounds(max_rounds=4), say=lambda m: None)
     # The fake's instances differ by under 1%: a claim it reproduces is decided within the rounds.
     assert report["verdict"] == "holds" and report["rounds"] <= 4 and report["split"] == "heldout"
     assert report["claimed_ratio"] == best.heldout_ratio
@@ -243,8 +246,8 @@ def test_verify_re_measures_a_branch_against_the_defaults(night):
                 result.bench.tps *= 0.7
             return result
 
-    report = verify(ledger, repo, best.branch, Slower(speculation_heldout=1.1), tmp_path / "verify2", max_rounds=4,
-                    say=lambda m: None)
+    report = verify(ledger, repo, best.branch, Slower(speculation_heldout=1.1), tmp_path / "verify2",
+                    Rounds(max_rounds=4), say=lambda m: None)
     assert report["verdict"] == "does not hold" and report["interval"][1] < report["band"][0]
 
 
@@ -268,8 +271,8 @@ def _run(tmp_path, run_id, engine, settings, planner=None, ledger=None, hours=1)
         id=run_id, deadline_at=(datetime.now(timezone.utc) + timedelta(hours=hours)).isoformat(), model="m",
         space_path=space.path, space_hash=space.hash, workload="smoke", repo="", settings={"home": str(tmp_path)}))
     repo = gitops.open_repo(tmp_path / "p", create=True)
-    return ledger, run_search(run, settings, space, ledger, engine, repo, f"sqlite:///{tmp_path / 'o.sqlite'}",
-                              planner=planner)
+    return ledger, run_search(RunContext(run, settings, space), Seams(ledger, engine, repo),
+                              f"sqlite:///{tmp_path / 'o.sqlite'}", planner=planner)
 
 
 def test_max_trials_stops_early_and_a_second_call_goes_on_where_the_first_stopped(tmp_path):
@@ -305,7 +308,7 @@ def test_planner_off_leaves_every_trial_to_the_sampler(tmp_path):
 def test_one_knob_start_takes_the_samplers_first_points_then_the_sampler_walks_the_space(tmp_path):
     from agent.planner import NoPlanner
 
-    settings = Settings(model="m", workload="smoke", max_trials=6, near_start=True)
+    settings = Settings(model="m", workload="smoke", max_trials=6, one_knob_start=True)
     ledger, _ = _run(tmp_path, "r5", FakeEngine(), settings, planner=NoPlanner())
     sampled = [t for t in ledger.trials("r5") if t.source == "sampler"]
     assert len(sampled) >= 6   # points the space's rules exclude are recorded and do not count
@@ -436,7 +439,7 @@ def test_the_plan_line_names_what_fits_and_what_budget_would(left, fits, tail):
 def test_a_budget_too_short_for_a_first_decision_stops_after_the_first_instance(tmp_path):
     """Each instance takes a second here: after the first, a decision needs about four more, and 3 s
     are left. The run says so and stops, instead of measuring the defaults until the deadline."""
-    from agent.loop import BudgetTooShort
+    from agent.defaults import BudgetTooShort
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
     space = spaces.load("vllm-cpu")
@@ -445,8 +448,8 @@ def test_a_budget_too_short_for_a_first_decision_stops_after_the_first_instance(
     settings = Settings(model="m", workload="smoke", facts={"cpus": 2, "concurrency": 1})
     with pytest.raises(BudgetTooShort, match=r"no candidate fits \(a --budget of about \d+ s would reach a first "
                                              r"decision\); stopped here rather than spend the rest"):
-        run_search(run, settings, space, ledger, FakeEngine(delay_s=1.0), gitops.open_repo(tmp_path / "p", create=True),
-                   f"sqlite:///{tmp_path / 'o.sqlite'}")
+        run_search(RunContext(run, settings, space), Seams(ledger, FakeEngine(delay_s=1.0),
+                   gitops.open_repo(tmp_path / "p", create=True)), f"sqlite:///{tmp_path / 'o.sqlite'}")
     assert [t.source for t in ledger.trials("r5")] == ["baseline"] and budget.seconds_left(run.deadline_at) > 1
 
 
@@ -469,7 +472,7 @@ def test_max_trials_does_not_count_a_points_first_cut_by_a_crash_but_counts_the_
     def row(status, params, source="planner"):
         return Trial(run_id="r", source=source, status=status, params=params)
 
-    settings = Settings(model="m", workload="smoke", max_trials=2)
+    settings = 2   # --max-trials
     bind = {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
     base = [row("ok", {}, "baseline"), row("skipped", {"block-size": 32})]
     assert not spent(base + [row("interrupted", bind), row("ok", bind)], settings)   # the cut one is free

@@ -244,7 +244,8 @@ def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent
     from sqlalchemy.exc import OperationalError
 
     from agent import space as spaces
-    from agent.loop import Settings, run_search
+    from agent.context import RunContext, Seams, Settings
+    from agent.loop import run_search
     from fake_engine import FakeEngine
 
     space = spaces.load("vllm-cpu")
@@ -256,10 +257,10 @@ def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent
                        workload="smoke", repo=str(repo.working_dir), settings={"home": str(tmp_path)}))
     settings = Settings(model="m", workload="smoke", facts={"cpus": 2, "concurrency": 1})
     with pytest.raises(OperationalError, match="disk is full"):
-        run_search(run, settings, space, full, FakeEngine(), repo, storage)
+        run_search(RunContext(run, settings, space), Seams(full, FakeEngine(), repo), storage)
     ledger = Ledger(tmp_path / "ledger.sqlite")   # space freed: the same file, written normally again
     recovery.repair(ledger, ledger.run("d"), storage, repo)
-    run_search(ledger.run("d"), settings, space, ledger, FakeEngine(), repo, storage)
+    run_search(RunContext(ledger.run("d"), settings, space), Seams(ledger, FakeEngine(), repo), storage)
     assert recovery.problems(ledger, ledger.run("d"), storage, repo) == []
     trials = ledger.trials("d")
     assert [t.number for t in trials] == list(range(len(trials))) and len(trials) > 4
@@ -287,15 +288,16 @@ def test_a_trial_that_leaves_the_machine_dirty_stops_the_run_instead_of_blaming_
     from datetime import timezone
 
     from agent import space as spaces
-    from agent.loop import DirtyMachine, Settings, run_search
+    from agent.context import RunContext, Seams, Settings
+    from agent.loop import DirtyMachine, run_search
 
     ledger, space = Ledger(tmp_path / "l.sqlite"), spaces.load("vllm-cpu")
     deadline = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
     run = ledger.add(Run(id="x", deadline_at=deadline, model="m", space_path=space.path, space_hash=space.hash,
                          workload="smoke", repo="", settings={"home": str(tmp_path)}))
     with pytest.raises(DirtyMachine, match="GPU memory not released"):
-        run_search(run, Settings(model="m", workload="smoke", recheck=False), space, ledger, DirtyAfter(),
-                   gitops.open_repo(tmp_path / "p", create=True), f"sqlite:///{tmp_path / 'o.sqlite'}")
+        run_search(RunContext(run, Settings(model="m", workload="smoke", recheck=False), space),
+                   Seams(ledger, DirtyAfter(), gitops.open_repo(tmp_path / "p", create=True)), f"sqlite:///{tmp_path / 'o.sqlite'}")
     last = ledger.trials("x")[-1]
     assert last.status == "failed" and last.failure_class == "unclean_teardown"
     assert len([t for t in ledger.trials("x") if t.source != "baseline"]) == 2   # no trial after it

@@ -13,7 +13,9 @@ import pytest
 from agent import budget, gitops, refusals, space as spaces
 from agent.gate import GateSettings
 from agent.ledger import LearnedRule, Ledger, Run
-from agent.loop import Settings, facts_for, run_search
+from agent.context import RunContext, Seams, Settings
+from agent.loop import run_search
+from agent.screening import facts_for
 from fake_engine import FakeEngine, refused_at_preflight
 from sandbox.result import failed
 
@@ -54,8 +56,8 @@ def night(tmp_path_factory):
     engine, events = RefusingEngine(), []
     settings = Settings(model="m", workload="smoke", gate=GateSettings(), facts={"cpus": 2, "concurrency": 1},
                         sampler="random", seed=0, max_trials=24)
-    run_search(run, settings, space, ledger, engine, repo, f"sqlite:///{tmp / 'optuna.sqlite'}",
-               lambda e, **i: events.append((e, i)))
+    run_search(RunContext(run, settings, space), Seams(ledger, engine, repo, lambda e, **i: events.append((e, i))),
+               f"sqlite:///{tmp / 'optuna.sqlite'}")
     return ledger, engine, events
 
 
@@ -94,10 +96,10 @@ def test_later_points_with_a_learned_rule_are_skipped_and_told_to_optuna_as_infe
 def test_the_planner_is_shown_what_vllm_refused():
     settings = Settings(model="m", workload="w", facts={"cpus": 2})
     rule = LearnedRule(settings={"block-size": 32, "enable-prefix-caching": True}, message=START_REFUSAL)
-    facts = facts_for(settings, [rule])
+    facts = facts_for(settings.facts, [rule])
     assert facts["cpus"] == 2
     assert facts["refused_by_vllm_this_run"] == [f"block-size=32, enable-prefix-caching=True: {START_REFUSAL}"]
-    assert facts_for(settings, []) == {"cpus": 2}
+    assert facts_for(settings.facts, []) == {"cpus": 2}
 
 
 def test_reduction_keeps_only_what_is_still_refused_for_the_same_cause():

@@ -8,7 +8,8 @@ import pytest
 from agent import gitops, space as spaces
 from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
-from agent.loop import Settings, run_search
+from agent.context import RunContext, Seams, Settings
+from agent.loop import run_search
 from fake_engine import FakeEngine
 
 
@@ -20,7 +21,7 @@ def night(tmp_path, engine, gate=GateSettings(), **settings):
                          settings={"home": str(tmp_path)}))
     repo = gitops.open_repo(tmp_path / "p", create=True)
     s = Settings(model="m", workload="smoke", gate=gate, facts={"cpus": 2, "concurrency": 1}, **settings)
-    run_search(run, s, space, ledger, engine, repo, f"sqlite:///{tmp_path / 'o.sqlite'}")
+    run_search(RunContext(run, s, space), Seams(ledger, engine, repo), f"sqlite:///{tmp_path / 'o.sqlite'}")
     return ledger, repo
 
 
@@ -123,7 +124,7 @@ def test_slo_bounds_refuse_fast_configs_that_answer_late(tmp_path):
                 result.bench.ttft_ms["p99"] = 250.0
             return result
 
-    ledger, _ = night(tmp_path, Late(), gate=GateSettings(ttft_p99_ms_max=100), max_trials=3)
+    ledger, _ = night(tmp_path, Late(), gate=GateSettings(slo_ttft_p99_ms=100), max_trials=3)
     bound = [t for t in ledger.trials("t") if t.params.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto"]
     assert bound and all(not t.gate_passed and t.constraint > 0 for t in bound)
     assert any("SLO: p99 time to first token 250 ms" in r for t in bound for r in t.gate_reasons)

@@ -1,0 +1,23 @@
+"""The run's clock, one seam: the loop's modules read time here, so scripts/budget_sim.py can run
+them unchanged on a simulated clock."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def monotonic() -> float:
+    return time.monotonic()
+
+
+def seconds_left(deadline_iso: str) -> float:
+    return (datetime.fromisoformat(deadline_iso) - now()).total_seconds()
+
+
+def seconds_since(start_iso: str) -> float:
+    return (now() - datetime.fromisoformat(start_iso)).total_seconds()

@@ -1,0 +1,85 @@
+"""What a run's steps share: its settings, what the run knows (RunContext), and the outside systems
+they act on (Seams: the ledger, the engine, the git repository, the display), one of each.
+
+The context holds state, read once; the seams hold no state of the run. A step takes the two and
+the row it works on, so no step needs a long parameter list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.gate import GateSettings
+from agent.ledger import Ledger, Run
+from agent.space import Space
+from sandbox.result import TrialResult
+
+
+class Engine(Protocol):
+    def evaluate(self, spec: dict, trial_dir: Path, timeout_s: float,
+                 on_phase: Callable[[str], None] = ...) -> TrialResult: ...
+
+    def defaults(self, model: str, names: list[str]) -> dict[str, list | None]: ...
+
+
+# A point -> vLLM's refusal at pre-flight, or None (agent.refusals.preflight_check).
+RefusalCheck = Callable[[dict], "str | None"]
+
+
+@dataclass
+class Settings:
+    model: str
+    workload: str | dict   # a shipped profile's name, or the run's workload as a mapping (its traffic path in it)
+    quality: str = "default"
+    quality_text: str | None = None   # the user's perplexity text (--quality-text)
+    gate: GateSettings = field(default_factory=GateSettings)
+    baseline_instances: int = 2    # before the A/A; more follow on a noisy host (GateSettings.noisy)
+    repeats: int = 2
+    seed: int = 0
+    sampler_per_planner: int = 1   # sampler trials between two planner trials
+    sampler: str = "tpe"           # tpe, or random (the benchmark's control arm)
+    max_trials: int | None = None  # stop after this many candidate trials, even with budget left
+    recheck: bool = True           # re-measure an accepted config on a fresh server and held-out prompts
+    drift_every: int = 10          # candidate trials between two re-measurements of the baseline (0: never)
+    facts: dict = field(default_factory=dict)  # hardware and workload facts for the planner
+    # What keeps a night on configs that can run and might win (off only for scripts/bench_search.py's
+    # "before" arm): vLLM's pre-flight and learned refusals, pruning hopeless benchmarks. One-knob
+    # changes in place of TPE's random start-up points are off by default: on the simulated engine
+    # they took the search longer to its best (docs/results.md).
+    preflight: bool = True
+    prune: bool = True
+    one_knob_start: bool = False
+    home: Path | None = None       # where trial folders go (default: the run's home; a worker on another host: its own)
+
+
+def say_nothing(event: str, **info) -> None:
+    pass
+
+
+@dataclass
+class Seams:
+    """The outside systems: the ledger (every row), the engine (real servers), the repository (branches;
+    None on a worker, which never branches) and the display."""
+    ledger: Ledger
+    engine: Engine
+    repo: Any = None
+    say: Callable[..., None] = say_nothing
+
+
+@dataclass
+class RunContext:
+    """What the run knows, the same for every step: its row, settings and space, the engine's default
+    for every knob (read once), and the pre-flight's check (None where it is off or untrusted)."""
+    run: Run
+    settings: Settings
+    space: Space
+    defaults: dict = field(default_factory=dict)
+    refusal_check: RefusalCheck | None = None
+
+    @property
+    def home(self) -> Path:
+        """Where this process writes trial folders: the run's home, or a remote worker's own."""
+        return Path(self.settings.home or self.run.settings["home"])

@@ -1,0 +1,210 @@
+"""A candidate after its server ran: the gate, the held-out decision on fresh instances, the branch."""
+
+from __future__ import annotations
+
+from agent import budget, clock, gate, gitops, proposal
+from agent.context import RunContext, Seams
+from agent.gate import Baseline, GateSettings, MeasureFailed
+from agent.ledger import Trial
+from agent.recording import finish, measure, record
+from agent.stats import compare
+from sandbox.result import TrialResult
+
+
+def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
+                    coordinator: bool = True) -> None:
+    """Run one candidate, gate it, decide it, branch it if accepted: all of it in its ledger row. A
+    worker (coordinator False) stops at the gate: what passes is put forward to the coordinator."""
+    settings, ledger = ctx.settings, seams.ledger
+    result = measure(ctx, seams, row, max(clock.seconds_left(ctx.run.deadline_at), 1),
+                     prune_below_tps=gate.prune_below(base) if settings.prune else None,
+                     quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None)
+    row = record(ledger, row, result)
+    if result.status == "pruned" or result.quality_skipped:
+        cut_short(seams, row, result, base)
+        return
+    verdict = gate.check(result, base, row.lossless, settings.gate)
+    constraint = gate.constraint(verdict, result, settings.gate)
+    rule = (base.calibration.rule + (f", tau {base.calibration.tau:.3f}" if base.calibration.rule == "calibrated"
+                                     else "")) if row.lossless else "lossy: greedy outputs not required"
+    ledger.update(row, gate_passed=verdict.passed if result.ok else False,
+                  gate_reasons=verdict.reasons, tps_ratio=verdict.tps_ratio, ppl_change=verdict.ppl_change,
+                  agreement=verdict.agreement, kl=verdict.kl, flips=[f.as_dict() for f in verdict.flips] or None,
+                  rule=rule, drift=base.drift, constraint=constraint,
+                  search_interval=[round(verdict.search.low, 4), round(verdict.search.high, 4)] if verdict.search else None,
+                  tps_corrected=round(row.tps / base.drift, 3) if row.tps else None,
+                  decision="failed" if not result.ok else
+                  ("awaiting_recheck" if verdict.passed and settings.recheck else None if verdict.passed else "refused"))
+    if not result.ok:
+        seams.say("result", number=row.number, row=row)
+        return
+    if verdict.passed and (by := slower_than_branched(row, history, base, settings.gate)):
+        ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*verdict.reasons, by])
+    elif verdict.passed and not coordinator:
+        ledger.update(row, decision="put_forward")
+    elif verdict.passed:
+        accepted = held_out(ctx, seams, row, base, history) if settings.recheck else search_only(seams, row, settings.gate)
+        if accepted:
+            branch(ctx, seams, row, base, history)
+    seams.say("result", number=row.number, row=row)
+
+
+def put_forward(history: list[Trial]) -> Trial | None:
+    """The oldest candidate a worker put forward that no one has decided yet."""
+    return next((t for t in history if t.decision == "put_forward" and t.status == "ok"), None)
+
+
+def decide_put_forward(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> None:
+    """A worker's candidate that passed on the search prompts: the held-out decision and the branch,
+    as for the coordinator's own (on the coordinator's device, against the defaults' instances)."""
+    settings, ledger = ctx.settings, seams.ledger
+    seams.say("phase", number=row.number, phase=f"deciding trial {row.number} put forward by a worker")
+    if by := slower_than_branched(row, history, base, settings.gate):
+        ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*row.gate_reasons, by])
+    else:
+        ledger.update(row, decision="awaiting_recheck")
+        accepted = held_out(ctx, seams, row, base, history) if settings.recheck else search_only(seams, row, settings.gate)
+        if accepted:
+            branch(ctx, seams, row, base, history)
+    seams.say("result", number=row.number, row=row)
+
+
+def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> None:
+    """A candidate measured only for speed: its benchmark stopped because it could not reach the
+    defaults (`pruned`; Optuna hears PRUNED with the partial ratio), or run to the end but not faster
+    than them (`speed-only`: no quality verdict could change the outcome). Feasible for Optuna, no
+    held-out decision."""
+    ratio = round(result.bench.value / (base.tps * base.drift), 4)
+    if p := result.pruned:
+        decision = "pruned"
+        why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} tok/s, "
+               f"below {p['below_tps']:.2f} (the defaults' {base.tps * base.drift:.2f} less the spread of one "
+               f"instance at {gate.PRUNE_LEVEL:.1%})")
+    else:
+        decision = "speed-only"
+        why = (f"not faster on the search prompts: {ratio:.3f}x the defaults; quality not measured "
+               f"(speed only: {result.quality_skipped})")
+    row = finish(seams.ledger, row, tps_ratio=ratio, gate_passed=False, decision=decision, constraint=0.0,
+                 drift=base.drift, tps_corrected=round(row.tps / base.drift, 3), gate_reasons=[why])
+    seams.say("result", number=row.number, row=row)
+
+
+def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:
+    """With the held-out re-check off, the search instance alone must clear the bound."""
+    need = 1 + settings.min_gain
+    low, high = row.search_interval
+    accepted = low > need
+    seams.ledger.update(row, gate_passed=accepted, decision="accepted" if accepted else "refused",
+                        gate_reasons=[f"search {row.tps_ratio:.3f}x [{low:.3f}, "
+                                      f"{high:.3f}] {'clears' if accepted else 'does not clear'} {need:.3f}"])
+    return accepted
+
+
+def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> bool:
+    """The decision: fresh instances of the candidate on prompts the search never saw, against the
+    defaults' instances on the same prompts, as many as the sequential test needs."""
+    from sandbox.workload import load_workload
+
+    run, ledger, say = ctx.run, seams.ledger, seams.say
+    meter = load_workload(ctx.settings.workload).with_split("heldout")
+    inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
+    times: list[float] = []
+    measured: list[TrialResult] = []
+
+    def instance(target: Trial, suffix: str, like: Trial = row) -> float:
+        """One fresh server of `target` measured on the held-out prompts: its figure."""
+        # As long as the slowest held-out instance so far, or as the config's own measured phases: an
+        # instance of the defaults can be slower than the candidate's (a fresh clone's was killed at
+        # its deadline when the candidate's held-out time stood for it).
+        needed = max([*times, budget.heldout_instance_s(like.timings)])
+        if clock.seconds_left(run.deadline_at) < needed:
+            raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
+                                f"needed, {clock.seconds_left(run.deadline_at):.0f} s left)")
+        say("phase", number=row.number, phase=f"held-out instance {suffix}")
+        result = measure(ctx, seams, target, max(clock.seconds_left(run.deadline_at), 1),
+                         suffix=f"-heldout{suffix}", workload=inline, quality="none")
+        times.append(result.timings["total_s"])
+        if not result.ok:
+            raise MeasureFailed(f"a held-out instance failed: {result.failure.klass}: {result.failure.message[:200]}")
+        measured.append(result)
+        return result.bench.value
+
+    defaults_row = next(t for t in history if t.source == "baseline")
+
+    def more_defaults() -> float:
+        extra = ledger.add_trial(Trial(run_id=run.id, source="extra", params={},
+                                 flags=defaults_row.flags, env=defaults_row.env, lossless=True,
+                                 rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
+        try:
+            tps = instance(extra, "", like=max((t for t in history if t.source in ("baseline", "aa")
+                                                and t.status == "ok"), key=lambda t: budget.heldout_instance_s(t.timings)))
+        except MeasureFailed as e:
+            finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
+            raise
+        result = measured[-1]
+        finish(ledger, extra, status="ok", heldout_tps=tps, decision="extra", constraint=0.0,
+               meter=result.workload, timings=result.timings, log_path=result.log_path,
+               gate_reasons=[f"extra instance of the defaults for trial {row.number}'s held-out decision"])
+        return tps
+
+    counter = iter(range(2, 1000))
+    try:
+        first = instance(row, "-1")
+    except MeasureFailed as e:
+        ledger.update(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
+        return False
+    first_s = times[0]
+    decision = gate.decide(first, base, ctx.settings.gate, lambda: instance(row, f"-{next(counter)}"),
+                           more_defaults, row.tps_ratio)
+    c = decision.comparison
+    values = sorted(decision.candidate)
+    ledger.update(row, heldout_instances=[round(x, 3) for x in decision.candidate],
+                  heldout_tps=round(values[len(values) // 2], 3), heldout_ratio=round(c.ratio, 4),
+                  heldout_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=decision.accepted,
+                  decision="accepted" if decision.accepted else "refused", gate_reasons=decision.reasons,
+                  timings={**row.timings, "recheck_s": round(sum(times), 1), "recheck_first_s": first_s})
+    return decision.accepted
+
+
+def branch(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> None:
+    """A branch for an accepted config, unless a branched one is as fast (within the noise) and no
+    worse on the run's SLO latencies: a dominated config is recorded as such, not branched."""
+    ledger = seams.ledger
+    if (by := dominated_by(row, history, base, ctx.settings.gate)) is not None:
+        ledger.update(row, decision="dominated", gate_reasons=[*row.gate_reasons, by])
+        return
+    name = f"agent/{ctx.run.id}/{row.number}"
+    try:
+        commit = gitops.propose(seams.repo, name, proposal.files(ctx.run, row), proposal.message(ctx.run, row))
+        ledger.update(row, branch=name, commit=commit)
+    except gitops.RepoError as e:
+        ledger.update(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])
+
+
+def slower_than_branched(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:
+    """A candidate slower than a branch already made, on the same search prompts and beyond the
+    noise, cannot be branched whatever its held-out decision says: no fresh servers for it."""
+    # Every config's repeated held-out instances are more evidence of the instance noise.
+    noise = base.noise_with(*(t.heldout_instances for t in history if t.heldout_instances))
+    for other in (t for t in history if t.branch and t.tps):
+        c = compare([row.tps], [other.tps], noise, settings.level)
+        if c.high < 1:
+            return (f"dominated on the search prompts: {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of {other.branch}, "
+                    f"slower beyond the noise: no held-out decision, not branched")
+    return None
+
+
+def dominated_by(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:
+    claim = lambda t: t.heldout_instances or ([t.tps] if t.tps else [])  # noqa: E731
+    for other in (t for t in history if t.branch):
+        noise = base.noise_with(claim(row), claim(other))
+        c = compare(claim(row), claim(other), noise, settings.level)
+        if c.low > 1:
+            continue
+        better_latency = any(bound is not None and mine is not None and theirs is not None and mine < theirs
+                             for bound, mine, theirs in ((settings.slo_ttft_p99_ms, row.ttft_p99_ms, other.ttft_p99_ms),
+                                                         (settings.slo_itl_p99_ms, row.itl_p99_ms, other.itl_p99_ms)))
+        if not better_latency:
+            return (f"dominated: {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of {other.branch}, not faster beyond "
+                    f"the noise and no better on the SLO latencies: not branched")
+    return None

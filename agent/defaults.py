@@ -1,0 +1,185 @@
+"""The engine's defaults: the baseline instances, the A/A check, later instances (drift, held-out
+figures for decisions), and what the budget fits after the first of them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agent import budget, clock, gate
+from agent.context import RunContext, Seams
+from agent.gate import Baseline, GateSettings, Instance
+from agent.ledger import Trial
+from agent.recording import measure, open_trial, record
+from agent.stats import compare
+
+DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
+# Rows that are instances of the engine defaults; "device": one on each further device of the run.
+DEFAULTS_SOURCES = ("baseline", "aa", "drift", "extra", "device")
+CANDIDATES = ("planner", "sampler")
+
+
+class BaselineFailed(RuntimeError):
+    pass
+
+
+class BudgetTooShort(BaselineFailed):
+    """The instances of the defaults measured so far say that no first decision fits the budget."""
+
+
+def engine_defaults(ctx: RunContext, seams: Seams) -> dict:
+    """The engine's default for every knob, read once per run (and kept in the ledger for a resume)."""
+    calibration = ctx.run.calibration or {}
+    if "engine_defaults" not in calibration:
+        engine = seams.engine
+        found = engine.defaults(ctx.settings.model, list(ctx.space.knobs)) if hasattr(engine, "defaults") else {}
+        seams.ledger.update(ctx.run, calibration={**calibration, "engine_defaults": found})
+    return ctx.run.calibration["engine_defaults"]
+
+
+def instance_of(t: Trial) -> Instance:
+    return Instance(t.tps, t.heldout_tps, t.ppl, {"ids": t.greedy or [], "tops": t.top_logprobs})
+
+
+def judged_aa(history: list[Trial], settings: GateSettings) -> tuple[Baseline, gate.AAVerdict | None]:
+    """The baseline instances measured before the A/A check, and the A/A's verdict against them
+    (None before the A/A ran): a pure function of the ledger, so a resume judges it the same way."""
+    ok = [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"]
+    aa = next((t for t in ok if t.source == "aa"), None)
+    first = gate.baseline_of([instance_of(t) for t in ok if t.source == "baseline"
+                              and (aa is None or t.number < aa.number)], settings)
+    return first, gate.judge_aa(instance_of(aa), first, settings) if aa is not None else None
+
+
+def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
+    """The defaults as the ledger has them now: the baseline instances (the first one's greedy path is
+    the reference), the A/A instance once judged, later baseline and drift instances (a drift the run
+    corrected is left out of the noise: dividing it out leaves that instance no spread), and the
+    held-out-only instances measured for decisions."""
+    first, verdict = judged_aa(history, settings)
+    ok = [t for t in history if t.source in DEFAULTS_SOURCES and t.status == "ok"]
+    # A further device's instance is one more draw of the defaults: the spread between devices becomes
+    # part of the noise every candidate is judged with, whichever device it ran on (docs/scale-out.md).
+    instances = [t for t in ok if t.source in ("baseline", "device") or (t.source == "drift" and t.drift == 1.0)]
+    aa = next((t for t in ok if t.source == "aa"), None)
+    extras = [t.heldout_tps for t in ok if t.source == "extra" and t.heldout_tps]
+    base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras),
+                            aa=instance_of(aa) if aa else None)
+    drift = next((t.drift for t in reversed(ok) if t.source == "drift" and t.drift is not None), 1.0)
+    return replace(base, reference=first.reference, drift=drift,
+                   calibration=verdict.calibration if verdict else first.calibration)
+
+
+def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
+    """The defaults (the space's fixed part only) on fresh server instances, then the A/A check: the
+    defaults once more as if a candidate, which the gate must call no loss and no gain."""
+    run, settings, ledger, say = ctx.run, ctx.settings, seams.ledger, seams.say
+    history = ledger.trials(run.id)
+    done = sum(1 for t in history if t.source == "baseline" and t.status == "ok")
+    for i in range(settings.baseline_instances - done):
+        last = run_defaults(ctx, seams, "baseline", "engine defaults")
+        plan = fits_a_decision(ctx, last, settings.baseline_instances - done - i - 1, True, first=done + i == 0)
+        if done + i == 0:   # the first instance says what the budget fits
+            ledger.update(run, calibration={**(run.calibration or {}), "plan": plan})
+            say("plan", **plan)
+    history = ledger.trials(run.id)
+    aa = next((t for t in history if t.source == "aa" and t.status == "ok"), None)
+    if aa is None:
+        aa = run_defaults(ctx, seams, "aa", "A/A check: the defaults again, judged as a candidate")
+        history = [*history, aa]
+    first, verdict = judged_aa(history, settings.gate)
+    if aa.decision is None:
+        ledger.update(aa, decision="aa-passed" if verdict.passed else "aa-failed", gate_passed=None,
+                      gate_reasons=[verdict.line], tps_ratio=round(verdict.speed.ratio, 4),
+                      search_interval=[round(verdict.speed.low, 4), round(verdict.speed.high, 4)],
+                      flips=[f.as_dict() for f in verdict.flips], rule=verdict.calibration.rule, constraint=0.0,
+                      agreement=gate.agreement(first.reference["ids"], aa.greedy or []))
+        say("aa", line=verdict.line)
+    base = baseline_from(history, settings.gate)
+    while gate.more_defaults_wanted(base, verdict, sum(1 for t in history if t.source == "baseline"
+                                                       and t.number > aa.number), settings.gate):
+        if budget.plan(aa.timings, 1, False, clock.seconds_left(run.deadline_at), 0)["fits"] != "decision":
+            say("fewer_defaults", noise=base.measured_noise.sd, instances=len(base.search) + len(base.unscreened))
+            break
+        more = run_defaults(ctx, seams, "baseline", "more instances of the defaults: " + (
+            "the A/A check called them faster or slower than themselves" if verdict.add_instances
+            else f"their noise is above {settings.gate.noisy:.0%}"))
+        history = [*history, more]
+        base = baseline_from(history, settings.gate)
+    if not any(t.source in CANDIDATES for t in history):   # before the first candidate (a resume may be past it)
+        fits_a_decision(ctx, [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"][-1],
+                        0, False, first=False)
+    for t in history:
+        if t.source == "baseline" and t.status == "ok":
+            ledger.update(t, tps_ratio=round(t.tps / base.tps, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
+                          gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
+    noise = base.measured_noise   # what this machine showed; the bounds add the space's prior (base.noise)
+    ledger.update(run, baseline_tps=round(base.tps, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
+                  noise_df=noise.df, calibration={**(run.calibration or {}), **base.calibration.as_dict(),
+                                                  "aa": verdict.line})   # the prior is in run.settings
+    say("baseline", tps=base.tps, ppl=base.ppl, noise=noise.sd, df=noise.df, instances=base.search,
+        calibration=base.calibration.as_dict(), unit=gate.unit((run.settings or {}).get("traffic")),
+        prior=(base.prior.sd, base.prior.df), bound_noise=base.noise.sd)
+    return base
+
+
+def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: bool, first: bool) -> dict:
+    """What the budget fits after this instance of the defaults; the run stops here, before spending
+    the rest, when a first decision cannot finish, even with warm starts after a cold first one."""
+    left = clock.seconds_left(ctx.run.deadline_at)
+    spent = clock.seconds_since(ctx.run.started_at)
+    points = len(((last.measured or {}).get("goodput") or {}).get("points") or []) or None
+    plan = budget.plan(last.timings, instances_left, aa_left, left, spent, points)
+    hopeful = budget.plan(last.timings, instances_left, aa_left, left, spent, points,
+                          start_scale=budget.WARM_START if first else 1.0)
+    if hopeful["fits"] != "decision":
+        raise BudgetTooShort(budget.plan_line(plan) + "; stopped here rather than spend the rest")
+    return {**plan, "upper_bound": plan["fits"] != "decision"}
+
+
+def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> Trial:
+    """One fresh server with the engine defaults, measured on the search prompts; the A/A instance on
+    the held-out prompts too (its figure there is what held-out decisions first compare with)."""
+    run, ledger = ctx.run, seams.ledger
+    row = open_trial(ctx, ledger, {}, source, rationale=rationale)
+    seams.say("trial", number=row.number, source=source, params={}, left_s=clock.seconds_left(run.deadline_at),
+              best=None)
+    result = measure(ctx, seams, row, max(clock.seconds_left(run.deadline_at), 1), heldout_bench=source == "aa")
+    row = record(ledger, row, result)
+    if not result.ok:
+        failure = result.failure
+        if clock.seconds_left(run.deadline_at) <= 1:   # cut by the deadline: the budget, not the defaults, fell short
+            took = [t.timings.get("total_s", 0) for t in ledger.trials(run.id)
+                    if t.source in DEFAULTS_SOURCES and t.status == "ok"]
+            per = f"; an instance took {max(took) / 60:.1f} min here" if took else ""
+            raise BaselineFailed(f"the budget ended while the defaults were measured ({len(took)} instance(s) done{per}): "
+                                 f"the baseline and the A/A check need {ctx.settings.baseline_instances + 1} before any "
+                                 f"candidate; give a longer --budget")
+        raise BaselineFailed(f"the defaults failed ({failure.klass}): {failure.message}")
+    return row
+
+
+def drift_due(history: list[Trial], drift_every: int) -> bool:
+    if not drift_every:
+        return False
+    since = 0
+    for t in reversed(history):
+        if t.source in ("baseline", "drift"):
+            break
+        since += t.source in CANDIDATES and t.status in ("ok", "failed")
+    return since >= drift_every
+
+
+def check_drift(ctx: RunContext, seams: Seams, base: Baseline) -> None:
+    """Measure the defaults again; a move the prediction bounds exclude (and of at least DRIFT_MIN) is
+    the machine's, and is divided out from now on. Otherwise the instance joins the defaults' noise."""
+    row = run_defaults(ctx, seams, "drift", f"drift check after {ctx.settings.drift_every} candidate trials")
+    c = compare([row.tps], base.search, base.noise, ctx.settings.gate.level)
+    moved = (c.low > 1 or c.high < 1) and abs(c.ratio - 1) > DRIFT_MIN
+    drift = round(c.ratio, 4) if moved else 1.0
+    seams.ledger.update(row, drift=drift, tps_corrected=round(row.tps / drift, 3), tps_ratio=round(c.ratio, 4),
+                        search_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=None, decision="drift",
+                        constraint=0.0,
+                        gate_reasons=[f"drift check: defaults now at {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of "
+                                      f"the baseline; " + (f"correcting by {drift}" if moved else
+                                                           "within the noise, no correction")])
+    seams.say("drift", tps=row.tps, factor=round(c.ratio, 4), applied=drift)

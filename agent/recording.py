@@ -1,0 +1,77 @@
+"""A trial's row: opened before its server starts, measured through the engine, written once with
+what the worker found."""
+
+from __future__ import annotations
+
+from agent import clock
+from agent.context import RunContext, Seams
+from agent.ledger import Ledger, Repeat, Trial, utcnow
+from agent.stats import interval
+from sandbox.result import TrialResult
+
+
+class Superseded(RuntimeError):
+    """Another process recorded this trial as interrupted while it ran: this worker had been declared
+    lost (silent past the grace). Its result is dropped, so the trial stays recorded once."""
+
+
+def open_trial(ctx: RunContext, ledger: Ledger, point: dict, source: str,
+               optuna_number: int | None = None, rationale: str | None = None) -> Trial:
+    flags, env = ctx.space.to_flags_env(point)
+    return ledger.add_trial(Trial(run_id=ctx.run.id, source=source, optuna_number=optuna_number, params=point,
+                                  flags=flags, env=env, lossless=ctx.space.lossless(point, ctx.defaults),
+                                  rationale=rationale))
+
+
+def spec_for(ctx: RunContext, flags: dict, env: dict, **extra) -> dict:
+    s = ctx.settings
+    return {"model": s.model, "flags": flags, "env": env, "workload": s.workload, "quality": s.quality,
+            "repeats": s.repeats, **({"quality_text": s.quality_text} if s.quality_text else {}), **extra}
+
+
+def measure(ctx: RunContext, seams: Seams, row: Trial, timeout_s: float, suffix: str = "", **extra) -> TrialResult:
+    """One trial process through the engine: a fresh server of the row's config, measured."""
+    trial_dir = ctx.home / ctx.run.id / f"trial-{row.number:03d}{suffix}"
+    t0 = clock.monotonic()
+    result = seams.engine.evaluate(spec_for(ctx, row.flags, row.env, **extra), trial_dir, timeout_s,
+                                   on_phase=lambda phase: seams.say("phase", number=row.number, phase=phase))
+    result.timings["total_s"] = round(clock.monotonic() - t0, 1)
+    return result
+
+
+def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
+    """The worker's result into the row, once; the row as written is returned."""
+    failure, bench, quality = result.failure, result.bench, result.quality
+    values = dict(
+        status=result.status, failure_class=failure and failure.klass,
+        failure_message=failure and failure.message, failure_cause=failure and failure.cause,
+        failed_phase=result.failed_phase, log_tail=(failure and failure.log_tail) or None,
+        tps=bench.value if bench else None, ppl=quality.ppl if quality else None,
+        heldout_tps=result.bench_heldout.value if result.bench_heldout else None,
+        errors=bench.errors if bench else None,
+        ttft_p99_ms=bench.ttft_ms.get("p99") if bench else None, itl_p99_ms=bench.itl_ms.get("p99") if bench else None,
+        metrics=result.metrics or {}, greedy=(quality and quality.token_ids) or None,
+        top_logprobs=(quality and quality.top_logprobs) or None,
+        timings=result.timings, log_path=result.log_path,
+        meter={**result.workload, "quality": result.quality_set}, finished_at=utcnow(),
+        measured={**({"ttft_ms": bench.ttft_ms, "itl_ms": bench.itl_ms, "repeats_tps": bench.repeats_tps,
+                      "finish": bench.finish, "tpot_ms": bench.tpot_ms, "goodput": bench.goodput} if bench else
+                     dict.fromkeys(("ttft_ms", "itl_ms", "repeats_tps", "finish", "tpot_ms", "goodput"))),
+                  "engine": result.engine, "hardware": result.hardware, "device": result.device})
+    repeats = [x for x in (bench.repeats_tps if bench else []) if x and x > 0]
+    if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`
+        values["tps_interval"] = [round(x, 3) for x in interval(repeats)]
+    # Only while the row is still running: a worker declared lost mid-trial finds it interrupted.
+    if not ledger.claim(Trial, row.id, {"status": "running"}, **values):
+        raise Superseded(f"trial {row.number}: recorded as interrupted by another process while it ran "
+                         f"(this worker was silent past the grace); its result is dropped")
+    with ledger.session.begin() as s:
+        for tps in bench.repeats_tps if bench else []:
+            s.add(Repeat(trial_id=row.id, instance=0, tps=tps))
+    for key, value in values.items():   # the row in memory as written: no read back
+        setattr(row, key, value)
+    return row
+
+
+def finish(ledger: Ledger, row: Trial, **values) -> Trial:
+    return ledger.update(row, finished_at=utcnow(), **values)
