@@ -19,10 +19,10 @@ from rich.console import Console
 from sqlalchemy.exc import OperationalError
 from rich.table import Table
 
-from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, recovery, refusals, space as spaces
-from agent import storage as storages, study as studies
+from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, recovery, space as spaces
+from agent import report_text, storage as storages, study as studies
 from sandbox import model as embedded
-from agent.gate import GateSettings, unit
+from agent.gate import GateSettings
 from agent.stats import Noise
 from agent.context import RunContext, Seams, Settings
 
@@ -733,37 +733,14 @@ def ledger_gone(ledger: ledgers.Ledger, run_id: str, e: Exception):
                 f"Free the disk or bring the database back, then: agent run --resume {run_id}", 1)
 
 
-def _claim(t: ledgers.Trial) -> str:
-    """A branch's claim as the morning reader needs it: held-out ratio and bounds, search ratio beside."""
-    return f"{t.held_out_claim}, {t.tps_ratio:.3f}x search" if t.held_out_claim else f"{t.tps_ratio:.3f}x search"
-
-
 def _summary(ledger: ledgers.Ledger, run_id: str) -> None:
-    trials = ledger.trials(run_id)
-    accepted = [t for t in trials if t.branch]
-    failed = [t for t in trials if t.status == "failed"]
-    run_row = ledger.run(run_id)
-    console.print(f"finished: run {run_id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
-                  f"baseline {run_row.baseline_tps:.2f} {unit((run_row.settings or {}).get('traffic'))} (noise ±{run_row.noise:.1%} log-sd, "
-                  f"{run_row.noise_df} df)", highlight=False)
-    for t in sorted(accepted, key=lambda t: -t.claimed_ratio):
-        console.print(f"  {t.branch}: {t.tps:.2f} {unit(t.meter)}, {_claim(t)}, ppl {t.ppl_change:+.2%}", highlight=False)
-
+    for line in report_text.summary(ledger.run(run_id), ledger.trials(run_id)):
+        console.print(line, highlight=False)
 
 @app.command()
 def branches(run_id: str = typer.Option(None, "--run", help="Only this run.")) -> None:
     """Proposed branches, best first, with TPS, ratio to defaults, PPL change and greedy agreement."""
-    rows = sorted((t for t in open_ledger().trials(run_id) if t.branch),
-                  key=lambda t: -t.claimed_ratio)
-    table = Table("branch", unit(rows[0].meter) if rows else "tok/s", "claim (held-out vs defaults, bounds)", "search", "ppl change", "agreement",
-                  "near-tie flips", "rule", "source", "commit")
-    for t in rows:
-        held = (f"{t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
-                if t.heldout_ratio is not None and t.heldout_interval else "")
-        table.add_row(t.branch, f"{t.tps:.2f}", held, f"{t.tps_ratio:.3f}x", f"{t.ppl_change:+.2%}",
-                      f"{t.agreement:.0%}", str(len(t.flips or [])), t.rule or "", t.source, (t.commit or "")[:10])
-    out.print(table if rows else "no proposals yet")
-
+    out.print(report_text.branch_table(open_ledger().trials(run_id)))
 
 @app.command()
 def verify(
@@ -821,59 +798,8 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     if html_file is not None:
         _report_html(ledger, row, trials, html_file)
         return
-    say = lambda text: out.print(text, highlight=False, markup=False)  # noqa: E731 - configs hold brackets
-    by = lambda attr: ", ".join(f"{n} {k}" for k, n in sorted(  # noqa: E731
-        {v: sum(1 for t in trials if getattr(t, attr) == v) for v in {getattr(t, attr) for t in trials}}.items()))
-    say(f"run {row.id}: {row.status}; started {row.started_at}, deadline {row.deadline_at}"
-              + (f", finished {row.finished_at}" if row.finished_at else ""))
-    say(f"  {row.model} on {row.engine} {row.engine_version}, {row.hardware.get('cpu')} "
-              f"({row.hardware.get('cpus')} cores{', ' + ', '.join(row.hardware['gpus']) if row.hardware.get('gpus') else ''})")
-    if row.baseline_tps:
-        say(f"  baseline {row.baseline_tps:.2f} {unit((row.settings or {}).get('traffic'))}, noise ±{row.noise:.1%} log-sd ({row.noise_df} df), "
-            f"ppl {row.baseline_ppl:.4f}; workload {row.workload}")
-    if (row.settings or {}).get("traffic"):
-        from agent.proposal import run_meter, traffic_line
-
-        say(f"  traffic: {traffic_line(run_meter(row), row.settings.get('traffic_source'))}")
-    cal = row.calibration or {}
-    if "rule" in cal:
-        say(f"  greedy rule {cal['rule']}: tau {cal['tau']:.3f} nats, up to {cal['flips_allowed']} near-tie flips, "
-            f"KL up to {cal['kl_bound']:.4f} ({cal['reason']})")
-    if cal.get("aa"):
-        say(f"  {cal['aa']}")
-    if cal.get("plan"):
-        say(f"  {budget.plan_line(cal['plan'])}")
-    say(f"  {len(trials)} trials: {by('status')}; sources: {by('source')}")
-    cheap = [t for t in trials if t.decision in ("pruned", "speed-only") or t.failed_phase == "preflight"
-             or (t.failure_message or "").startswith("contains learned rule")]
-    if cheap:
-        saved = lambda pred: sum(1 for t in cheap if pred(t))  # noqa: E731
-        say(f"  cut short: {saved(lambda t: t.decision == 'pruned')} pruned, "
-            f"{saved(lambda t: t.decision == 'speed-only')} speed-only (no quality phase), "
-            f"{saved(lambda t: t.failed_phase == 'preflight')} refused at pre-flight, "
-            f"{saved(lambda t: (t.failure_message or '').startswith('contains learned rule'))} skipped by a learned rule")
-    failures = [t.failure_class for t in trials if t.failure_class and t.status == "failed"]
-    if failures:
-        say("  failures: " + ", ".join(f"{n} {c}" for c, n in sorted(
-            {c: failures.count(c) for c in set(failures)}.items())))
-    for r in ledger.learned_rules(row.id):
-        skipped = sum(1 for t in trials if t.failure_message and f"learned rule {r.id} " in t.failure_message)
-        say(f"  learned rule {r.id} (trial {r.from_trial}, {r.stage}, {r.how}): vLLM refuses "
-            f"{refusals.describe(r.settings)}: {r.message[:200]}; {skipped} point(s) skipped")
-    for c in ledger.narrowings(row.id):
-        say(f"  narrowed {c.knob} to [{c.low:g}, {c.high:g}] after trial {c.after_trial}: {c.rationale}")
-    drift = [t for t in trials if t.source == "drift"]
-    if drift:
-        say(f"  drift checks: {', '.join(f'{t.tps_ratio:.3f}x' for t in drift if t.tps_ratio)}")
-    accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
-    for t in accepted:
-        say(f"  {t.branch}: {_claim(t)}, ppl {t.ppl_change:+.2%}, {len(t.flips or [])} near-tie flip(s) "
-            f"[{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
-    for t in (t for t in trials if t.decision == "dominated"):
-        say(f"  trial {t.number} dominated (not branched): {_claim(t)}: {t.gate_reasons[-1]}")
-    if not accepted:
-        say("  no accepted config yet")
-
+    for line in report_text.report(row, trials, ledger.learned_rules(row.id), ledger.narrowings(row.id)):
+        out.print(line, highlight=False, markup=False)   # configs hold brackets
 
 @app.command()
 def status(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest).")) -> None:

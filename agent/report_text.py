@@ -1,0 +1,98 @@
+"""What the terminal shows of a run: the end-of-run summary, the branch table and `agent report`'s
+lines (the HTML page is agent/report_html.py). Text from ledger rows; nothing is read or written here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from rich.table import Table
+
+from agent import budget, refusals
+from agent.gate import unit
+from agent.ledger import LearnedRule, RangeChange, Run, Trial
+
+
+def claim(t: Trial) -> str:
+    """A branch's claim as the morning reader needs it: held-out ratio and bounds, search ratio beside."""
+    return f"{t.held_out_claim}, {t.tps_ratio:.3f}x search" if t.held_out_claim else f"{t.tps_ratio:.3f}x search"
+
+
+def summary(run: Run, trials: list[Trial]) -> Iterator[str]:
+    """The lines a finished run ends with."""
+    accepted = [t for t in trials if t.branch]
+    failed = [t for t in trials if t.status == "failed"]
+    yield (f"finished: run {run.id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
+           f"baseline {run.baseline_tps:.2f} {unit((run.settings or {}).get('traffic'))} (noise ±{run.noise:.1%} "
+           f"log-sd, {run.noise_df} df)")
+    for t in sorted(accepted, key=lambda t: -t.claimed_ratio):
+        yield f"  {t.branch}: {t.tps:.2f} {unit(t.meter)}, {claim(t)}, ppl {t.ppl_change:+.2%}"
+
+
+def branch_table(trials: list[Trial]) -> Table | str:
+    """Branches, best first, with TPS, the claim, PPL change and greedy agreement."""
+    rows = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
+    if not rows:
+        return "no proposals yet"
+    table = Table("branch", unit(rows[0].meter), "claim (held-out vs defaults, bounds)", "search", "ppl change",
+                  "agreement", "near-tie flips", "rule", "source", "commit")
+    for t in rows:
+        held = (f"{t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
+                if t.heldout_ratio is not None and t.heldout_interval else "")
+        table.add_row(t.branch, f"{t.tps:.2f}", held, f"{t.tps_ratio:.3f}x", f"{t.ppl_change:+.2%}",
+                      f"{t.agreement:.0%}", str(len(t.flips or [])), t.rule or "", t.source, (t.commit or "")[:10])
+    return table
+
+
+def report(row: Run, trials: list[Trial], rules: list[LearnedRule], narrowings: list[RangeChange]) -> Iterator[str]:
+    """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""
+    by = lambda attr: ", ".join(f"{n} {k}" for k, n in sorted(  # noqa: E731
+        {v: sum(1 for t in trials if getattr(t, attr) == v) for v in {getattr(t, attr) for t in trials}}.items()))
+    yield (f"run {row.id}: {row.status}; started {row.started_at}, deadline {row.deadline_at}"
+           + (f", finished {row.finished_at}" if row.finished_at else ""))
+    yield (f"  {row.model} on {row.engine} {row.engine_version}, {row.hardware.get('cpu')} "
+           f"({row.hardware.get('cpus')} cores{', ' + ', '.join(row.hardware['gpus']) if row.hardware.get('gpus') else ''})")
+    if row.baseline_tps:
+        yield (f"  baseline {row.baseline_tps:.2f} {unit((row.settings or {}).get('traffic'))}, noise ±{row.noise:.1%} "
+               f"log-sd ({row.noise_df} df), ppl {row.baseline_ppl:.4f}; workload {row.workload}")
+    if (row.settings or {}).get("traffic"):
+        from agent.proposal import run_meter, traffic_line
+
+        yield f"  traffic: {traffic_line(run_meter(row), row.settings.get('traffic_source'))}"
+    cal = row.calibration or {}
+    if "rule" in cal:
+        yield (f"  greedy rule {cal['rule']}: tau {cal['tau']:.3f} nats, up to {cal['flips_allowed']} near-tie flips, "
+               f"KL up to {cal['kl_bound']:.4f} ({cal['reason']})")
+    if cal.get("aa"):
+        yield f"  {cal['aa']}"
+    if cal.get("plan"):
+        yield f"  {budget.plan_line(cal['plan'])}"
+    yield f"  {len(trials)} trials: {by('status')}; sources: {by('source')}"
+    cheap = [t for t in trials if t.decision in ("pruned", "speed-only") or t.failed_phase == "preflight"
+             or (t.failure_message or "").startswith("contains learned rule")]
+    if cheap:
+        saved = lambda pred: sum(1 for t in cheap if pred(t))  # noqa: E731
+        yield (f"  cut short: {saved(lambda t: t.decision == 'pruned')} pruned, "
+               f"{saved(lambda t: t.decision == 'speed-only')} speed-only (no quality phase), "
+               f"{saved(lambda t: t.failed_phase == 'preflight')} refused at pre-flight, "
+               f"{saved(lambda t: (t.failure_message or '').startswith('contains learned rule'))} skipped by a learned rule")
+    failures = [t.failure_class for t in trials if t.failure_class and t.status == "failed"]
+    if failures:
+        yield "  failures: " + ", ".join(f"{n} {c}" for c, n in sorted(
+            {c: failures.count(c) for c in set(failures)}.items()))
+    for r in rules:
+        skipped = sum(1 for t in trials if t.failure_message and f"learned rule {r.id} " in t.failure_message)
+        yield (f"  learned rule {r.id} (trial {r.from_trial}, {r.stage}, {r.how}): vLLM refuses "
+               f"{refusals.describe(r.settings)}: {r.message[:200]}; {skipped} point(s) skipped")
+    for c in narrowings:
+        yield f"  narrowed {c.knob} to [{c.low:g}, {c.high:g}] after trial {c.after_trial}: {c.rationale}"
+    drift = [t for t in trials if t.source == "drift"]
+    if drift:
+        yield f"  drift checks: {', '.join(f'{t.tps_ratio:.3f}x' for t in drift if t.tps_ratio)}"
+    accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
+    for t in accepted:
+        yield (f"  {t.branch}: {claim(t)}, ppl {t.ppl_change:+.2%}, {len(t.flips or [])} near-tie flip(s) "
+               f"[{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
+    for t in (t for t in trials if t.decision == "dominated"):
+        yield f"  trial {t.number} dominated (not branched): {claim(t)}: {t.gate_reasons[-1]}"
+    if not accepted:
+        yield "  no accepted config yet"
