@@ -567,7 +567,7 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
             if procs:
                 say("workers", count=len(slots), devices=[s.device for s in slots])
             try:
-                run_search(RunContext(row, settings, space), Seams(ledger, engine, gitops.open_repo(Path(row.repo)), say),
+                run_search(RunContext(row, settings, space, worker_id=me.id), Seams(ledger, engine, gitops.open_repo(Path(row.repo)), say),
                            _storage(), planner=planner, me=me)
             finally:
                 crew.stop(procs)   # each ends its trial in flight and records it
@@ -662,7 +662,7 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
             f"interrupted); start it again: {hint}")
     try:
         with crew.Heartbeat(ledger, me, parent) as beat:
-            work(RunContext(row, settings, space), Seams(ledger, engine, None, say), _storage(), me, lost=beat.lost.is_set)
+            work(RunContext(row, settings, space, worker_id=me.id), Seams(ledger, engine, None, say), _storage(), me, lost=beat.lost.is_set)
         if beat.lost.is_set():
             raise fail(lost, 1)
     except Superseded:

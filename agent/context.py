@@ -78,6 +78,7 @@ class RunContext:
     space: Space
     defaults: dict = field(default_factory=dict)
     refusal_check: RefusalCheck | None = None
+    worker_id: int | None = None   # this process's row in the run's workers (agent.crew.join): its trials carry it
 
     @property
     def home(self) -> Path:

@@ -42,7 +42,6 @@ def join(ledger: Ledger, run: Run, slot: Slot, role: str) -> Worker:
     host = socket.gethostname()
     me = ledger.add(Worker(run_id=run.id, name=f"{host}/{slot.index}", host=host, pid=os.getpid(),
                            slot=slot.index, device=slot.device, role=role))
-    ledger.worker_id = me.id   # every trial row this process starts from now on is its
     return me
 
 

@@ -132,7 +132,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
     defaults_row = next(t for t in history if t.source == "baseline")
 
     def more_defaults() -> float:
-        extra = ledger.add_trial(Trial(run_id=run.id, source="extra", params={},
+        extra = ledger.add_trial(Trial(run_id=run.id, source="extra", params={}, worker_id=ctx.worker_id,
                                  flags=defaults_row.flags, env=defaults_row.env, lossless=True,
                                  rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:

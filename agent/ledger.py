@@ -218,7 +218,6 @@ class Ledger:
     def __init__(self, where: Path | str):
         """where: a SQLite file's path, or a database URL (sqlite:///..., postgresql+psycopg://...)."""
         url = str(where) if "://" in str(where) else None
-        self.worker_id: int | None = None   # set once this process joins the run: its rows carry it
         self.path = None if url else Path(where)
         self.sqlite = url is None or url.startswith("sqlite")
         if self.path is not None:
@@ -264,7 +263,6 @@ class Ledger:
     def add_trial(self, row: "Trial") -> "Trial":
         """Insert a trial under the run's next number. Several workers may take the same number at
         once: the (run, number) uniqueness refuses all but one, and the others take the next."""
-        row.worker_id = row.worker_id or self.worker_id
         for _ in range(100):
             row.number = self.next_number(row.run_id)
             try:

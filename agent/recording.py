@@ -20,7 +20,7 @@ def open_trial(ctx: RunContext, ledger: Ledger, point: dict, source: str,
     flags, env = ctx.space.to_flags_env(point)
     return ledger.add_trial(Trial(run_id=ctx.run.id, source=source, optuna_number=optuna_number, params=point,
                                   flags=flags, env=env, lossless=ctx.space.lossless(point, ctx.defaults),
-                                  rationale=rationale))
+                                  rationale=rationale, worker_id=ctx.worker_id))
 
 
 def spec_for(ctx: RunContext, flags: dict, env: dict, **extra) -> dict:

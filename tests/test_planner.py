@@ -49,6 +49,22 @@ def test_speculation_only_for_few_streams_and_k_follows_acceptance():
     assert [p for p in propose([trial(0, {})], sampled_share=0.4) if "speculative-config.method" in p.params]
 
 
+def test_on_a_gpu_speculation_is_ngram_gpu_with_async_scheduling_and_k_follows_the_speed():
+    gpu = spaces.load("vllm-gpu")
+    say = lambda history, **facts: BuiltinPlanner().propose(gpu, RUN, history, {"concurrency": 1, **facts}, k=5)  # noqa: E731
+    (first,) = [p for p in say([trial(0, {})], sampled_share=0.0) if "speculative-config.method" in p.params]
+    assert first.params["speculative-config.method"] == "ngram_gpu" and first.params["async-scheduling"] is True
+    assert not gpu.problems(first.params) and "ngram_gpu" in first.rationale
+    assert not say([trial(0, {})], sampled_share=0.6)   # sampled traffic: measured a loss, no first move
+    # Accepted at 1.8x with k=4: double k (acceptance is under-reported under async scheduling), then halve.
+    at4 = [trial(0, {}), trial(1, first.params, {"spec_acceptance_rate": 0.1}, ratio=1.8)]
+    ks = [p.params["speculative-config.num_speculative_tokens"] for p in say(at4, sampled_share=0.0)]
+    assert ks == [8, 2] and all(not gpu.problems(p.params) for p in say(at4, sampled_share=0.0))
+    at16 = {**first.params, "speculative-config.num_speculative_tokens": 16}
+    tried = [trial(0, {}), trial(1, at16, ratio=1.5)]
+    assert [p.params["speculative-config.num_speculative_tokens"] for p in say(tried, sampled_share=0.0)] == [8]
+
+
 def test_batching_and_kv_moves_cite_the_metric_that_triggered_them():
     queued = propose([trial(0, {}, {"kv_cache_usage_max": 0.1, "requests_waiting_max": 5})], concurrency=16)
     batch = next(p for p in queued if "max-num-seqs" in p.params)
