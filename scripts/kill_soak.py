@@ -33,6 +33,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,17 +56,22 @@ def cheap_space(folder: Path) -> Path:
 
 
 def in_flight(home: Path) -> dict:
-    """What a kill now would hit: the newest trial whose progress file is not done, else the agent's own work."""
-    for progress in sorted(home.glob("*/trial-[0-9][0-9][0-9]/progress.json"), reverse=True):
+    """What a kill now would hit: the trial whose worker process is alive (a held-out instance is its
+    candidate's, in a folder of its own), its phase; else the agent's own work between trials."""
+    for progress in sorted(home.glob("*/trial-*/progress.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             info = json.loads(progress.read_text())
-        except (OSError, ValueError):
+            worker = psutil.Process(info["worker_pid"])
+            if worker.status() == psutil.STATUS_ZOMBIE or info.get("phase") in (None, "done"):
+                continue
+        except (OSError, ValueError, KeyError, psutil.Error):
             continue
-        if info.get("phase") not in (None, "done"):
-            number = int(progress.parent.name.split("-")[1])
-            row = next((t for t in Ledger(home / "ledger.sqlite").trials() if t.number == number), None)
-            return {"trial": number, "source": row.source if row else None, "phase": info["phase"]}
-    return {"trial": None, "source": None, "phase": "between trials"}
+        number = int(progress.parent.name.split("-")[1])
+        row = next((t for t in Ledger(home / "ledger.sqlite").trials() if t.number == number), None)
+        heldout = "heldout" in progress.parent.name
+        return {"trial": number, "source": row.source if row else None,
+                "phase": ("held-out instance: " if heldout else "") + info["phase"], "heldout": heldout}
+    return {"trial": None, "source": None, "phase": "between trials", "heldout": False}
 
 
 def agent(home: Path, *args: str, **kw) -> subprocess.Popen:
@@ -123,12 +129,14 @@ def main() -> int:
     key = lambda t: repr(sorted(t.params.items()))  # noqa: E731
     measured = Counter(key(t) for t in trials if t.source in ("planner", "sampler") and t.status not in
                        ("interrupted", "skipped"))
-    cut = [by_number.get(k["trial"]) for k in kills if k["trial"] is not None]
+    cut = [by_number.get(k["trial"]) for k in kills if k["trial"] is not None and not k["heldout"]]
     again = [t for t in cut if t is not None and t.source in ("planner", "sampler")
              and any(u.number > t.number and key(u) == key(t) and u.status != "interrupted" for u in trials)]
     checks = {
         "doctor consistent": doctor.returncode == 0 and "consistent" in doctor.stdout,
         "no row left running": all(t.status != "running" for t in trials),
+        "no candidate left awaiting its decision": all(t.decision not in ("awaiting_recheck", "put_forward")
+                                                       for t in trials),
         "every cut trial is a row, interrupted": all(t is not None and t.status == "interrupted" for t in cut),
         "no candidate point measured twice": all(n == 1 for n in measured.values()),
         "no trial process left": recovery.stray_servers(home / run.id) == [],
