@@ -110,9 +110,11 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
                           failure_message="the agent stopped while this trial was in flight")
             done.append(f"trial {t.number}: in flight at the crash, recorded as interrupted")
         elif t.decision == "awaiting_recheck" and not t.branch:
-            ledger.update(t, gate_passed=False, decision="refused",
-                          gate_reasons=["interrupted during the held-out re-check: not committed"])
-            done.append(f"trial {t.number}: stopped before its held-out re-check, not committed")
+            # Passed on the search prompts, cut inside its held-out decision: not lost, but put forward
+            # as a worker's candidate is, so the resumed coordinator decides it (a crash costs no candidate).
+            ledger.update(t, gate_passed=None, decision="put_forward", gate_reasons=[
+                *(t.gate_reasons or []), "interrupted during its held-out decision: decided again after the resume"])
+            done.append(f"trial {t.number}: stopped during its held-out decision, put forward to be decided again")
     trials = ledger.trials(run.id)
     finished = {t.optuna_number: t for t in trials
                 if t.optuna_number is not None and t.status in crew.FINISHED}
@@ -204,8 +206,8 @@ def worker_problems(ledger: Ledger, run: Run, trials: list) -> list[str]:
         holder = workers.get(t.worker_id)
         if t.status == "running" and holder is not None and holder.status != "running":
             out.append(f"trial {t.number}: still 'running' but its worker {holder.name} is {holder.status}")
-        if t.decision == "put_forward" and run.status != "running":
-            out.append(f"trial {t.number}: put forward by a worker but never decided")
+        if t.decision == "put_forward" and run.status == "finished":   # a stopped run decides it on resume
+            out.append(f"trial {t.number}: put forward but never decided")
     return out
 
 

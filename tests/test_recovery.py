@@ -7,6 +7,7 @@ writes, between a branch and its ledger row, between a ledger row and Optuna's t
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ def start(home, run_id, seconds, kill_at=None):
 # What the resume after a kill in each window must say it repaired (tests/crash_run.py names them).
 REPAIRED = {"baseline": "in flight at the crash, recorded as interrupted",
             "candidate": "in flight at the crash, recorded as interrupted",
-            "heldout": "stopped before its held-out re-check, not committed",
+            "heldout": "stopped during its held-out decision, put forward to be decided again",
             "branch": "branch created just before the crash, recorded in the ledger",
             "tell": "told its result"}
 
@@ -83,6 +84,10 @@ def test_sigkill_in_every_window_of_a_seeded_schedule_then_resume_ends_on_the_de
     assert sum(t.status == "interrupted" for t in trials) >= 2      # the defaults' and a candidate's
     assert all(t.status in ("ok", "failed", "skipped", "interrupted", "pruned") for t in trials)
     assert sorted(t.branch for t in trials if t.branch) == gitops.branches(repo)
+    # The candidate cut inside its held-out decision was not lost: the resume decided it again.
+    said = outputs[1 + [w for w, _ in schedule].index("heldout")]
+    number = int(re.search(r"trial (\d+): stopped during its held-out decision", said).group(1))
+    assert trials[number].decision in ("accepted", "refused", "dominated"), trials[number].decision
 
 
 def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
@@ -113,8 +118,9 @@ def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
     assert len(fixed) == 6 and not lock.exists()
     rows = {t.number: t for t in ledger.trials("r")}
     assert rows[0].status == "interrupted" and rows[1].branch == "agent/r/1" and rows[1].commit == sha
-    assert rows[2].gate_passed is False and rows[2].decision == "refused"
-    assert "not committed" in rows[2].gate_reasons[0]
+    # Not lost: put forward, so the resumed coordinator decides it (a crash costs no candidate).
+    assert rows[2].gate_passed is None and rows[2].decision == "put_forward"
+    assert "decided again after the resume" in rows[2].gate_reasons[-1]
     told = {t.number: t for t in study.get_trials()}
     assert told[in_flight.number].state == optuna.trial.TrialState.FAIL
     # Optuna is told the constraint the loop stored in the ledger (through the sampler's constraints
