@@ -92,7 +92,8 @@ def main() -> int:
     home = out / "home"
     home.mkdir(parents=True)
     (out / "quality.txt").write_text(QUALITY_TEXT + "\n")
-    gaps = [random.Random(args.seed).uniform(args.min_gap, args.max_gap) for _ in range(args.kills)]
+    rng = random.Random(args.seed)
+    gaps = [rng.uniform(args.min_gap, args.max_gap) for _ in range(args.kills)]
     print(f"soak in {out}: {args.kills} kills after {', '.join(f'{g:.0f}' for g in gaps)} s of each start",
           flush=True)
     log = open(out / "agent.log", "a")
