@@ -85,7 +85,7 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     aa = next((t for t in history if t.source == "aa" and t.status == "ok"), None)
     if aa is None:
         aa = run_defaults(ctx, seams, "aa", "A/A check: the defaults again, judged as a candidate")
-        history = [*history, aa]
+        history = ledger.trials(run.id)   # with any further device's instance that landed meanwhile
     first, verdict = judged_aa(history, settings.gate)
     if aa.decision is None:
         ledger.update(aa, decision="aa-passed" if verdict.passed else "aa-failed", gate_passed=None,
@@ -100,10 +100,10 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
         if budget.plan(aa.timings, 1, False, clock.seconds_left(run.deadline_at), 0)["fits"] != "decision":
             say("fewer_defaults", noise=base.measured_noise.sd, instances=len(base.search) + len(base.unscreened))
             break
-        more = run_defaults(ctx, seams, "baseline", "more instances of the defaults: " + (
+        run_defaults(ctx, seams, "baseline", "more instances of the defaults: " + (
             "the A/A check called them faster or slower than themselves" if verdict.add_instances
             else f"their noise is above {settings.gate.noisy:.0%}"))
-        history = [*history, more]
+        history = ledger.trials(run.id)
         base = baseline_from(history, settings.gate)
     if not any(t.source in CANDIDATES for t in history):   # before the first candidate (a resume may be past it)
         fits_a_decision(ctx, [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"][-1],

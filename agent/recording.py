@@ -32,6 +32,10 @@ def spec_for(ctx: RunContext, flags: dict, env: dict, **extra) -> dict:
 def measure(ctx: RunContext, seams: Seams, row: Trial, timeout_s: float, suffix: str = "", **extra) -> TrialResult:
     """One trial process through the engine: a fresh server of the row's config, measured."""
     trial_dir = ctx.home / ctx.run.id / f"trial-{row.number:03d}{suffix}"
+    for again in range(2, 100):   # a decision made again after a resume: fresh folders, no stale result
+        if not trial_dir.exists():
+            break
+        trial_dir = ctx.home / ctx.run.id / f"trial-{row.number:03d}{suffix}-again{again}"
     t0 = clock.monotonic()
     result = seams.engine.evaluate(spec_for(ctx, row.flags, row.env, **extra), trial_dir, timeout_s,
                                    on_phase=lambda phase: seams.say("phase", number=row.number, phase=phase))

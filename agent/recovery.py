@@ -4,7 +4,8 @@ The loop writes in one order (ledger row, worker, ledger figures, branch, ledger
 tell), so a crash at any point leaves one of a few known states, each repaired here:
 - a trial row still `running`: its server died with the worker; it becomes `interrupted`;
 - an Optuna trial still RUNNING: told FAIL, so the study never waits on it;
-- a config that passed on search prompts but was never re-checked: not committed, and said so;
+- a config that passed on search prompts, cut inside its held-out decision: put forward, so the
+  resumed coordinator decides it again (a crash costs no candidate);
 - a branch created just before the crash whose row does not name it yet: the row is completed
   from the commit's trailers (Agent-Run, Agent-Trial), since only the gate creates branches;
 - a ref lock git left under our own prefix: removed (we hold the run lock, so it is stale).

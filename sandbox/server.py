@@ -113,8 +113,10 @@ class Server:
                  port: int | None = None, launcher: tuple[str, ...] | None = None):
         self.port = port or free_port()
         self.token = uuid.uuid4().hex
-        self.argv = [sys.executable, *(launcher or default_launcher()),
-                     "--model", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        launcher = launcher or default_launcher()
+        # `vllm serve MODEL`: its --model option is deprecated there ("will be removed in a future version")
+        served = [model] if launcher == SERVE_LAUNCHER else ["--model", model]
+        self.argv = [sys.executable, *launcher, *served, "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.env = minimal_env(env, self.token)
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
