@@ -58,7 +58,9 @@ def decide_put_forward(ctx: RunContext, seams: Seams, row: Trial, base: Baseline
     """A worker's candidate that passed on the search prompts: the held-out decision and the branch,
     as for the coordinator's own (on the coordinator's device, against the defaults' instances)."""
     settings, ledger = ctx.settings, seams.ledger
-    seams.say("phase", number=row.number, phase=f"deciding trial {row.number} put forward by a worker")
+    seams.say("phase", number=row.number, phase=f"deciding trial {row.number}, put forward "
+              + ("again after a crash cut its decision" if any("decided again after the resume" in r for r in
+                                                                row.gate_reasons or []) else "by a worker"))
     if by := slower_than_branched(row, history, base, settings.gate):
         ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*row.gate_reasons, by])
     else:
