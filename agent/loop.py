@@ -83,6 +83,9 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
         if forward := put_forward(now.history):
             decide_put_forward(ctx, seams, forward, now.base, now.history)
             continue
+        if not studies.waiting(study) and (cut := cut_once(now.history, seen)):
+            study.enqueue_trial(cut.params, user_attrs={"source": cut.source, "knobs": list(cut.params), "rationale":
+                                                        f"trial {cut.number} was cut by a crash before it was measured"})
         if since_planner >= settings.sampler_per_planner and not studies.waiting(study):
             studies.enqueue(study, planner.propose(ctx.space, ctx.run, now.history, facts_for(settings.facts, now.rules), k=1))
             sampler_space = narrow(sampler_space, planner, now.history, ctx.run, seams)
@@ -197,6 +200,19 @@ def wind_down(ctx: RunContext, seams: Seams, study: studies.Study, me: Worker | 
         time.sleep(min(crew.heartbeat_s(), 5.0))
     while forward := put_forward(history := ledger.trials(run.id)):
         decide_put_forward(ctx, seams, forward, baseline_from(history, ctx.settings.gate), history)
+
+
+def cut_once(history: list[Trial], seen: dict) -> Trial | None:
+    """A candidate a crash cut before it was measured, cut once and not measured since: measured again
+    (a crash costs no candidate; the sampler would not draw it again). Cut twice, it is left alone: a
+    point that takes the agent down with it must not do so all night."""
+    key = lambda t: repr(sorted(t.params.items()))  # noqa: E731
+    cuts = [t for t in history if t.source in CANDIDATES and t.status == "interrupted"]
+    for t in cuts:
+        again = [u for u in history if u.number > t.number and key(u) == key(t)]
+        if key(t) not in seen and not again and sum(key(u) == key(t) for u in cuts) == 1:
+            return t
+    return None
 
 
 def next_near(near: list[dict], seen: dict, space: Space) -> dict | None:

@@ -183,6 +183,43 @@ class StopAt(FakeEngine):
         return super().evaluate(spec, trial_dir, timeout_s, on_phase)
 
 
+def test_a_sampler_point_cut_by_a_crash_is_measured_again_after_the_resume(tmp_path):
+    """The sampler alone, cut inside its seventh candidate (past TPE's random start-up, so a resumed
+    sampler would draw another point): after the repair the same point is measured again, once."""
+    from agent import recovery
+    from agent.planner import NoPlanner
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    space = spaces.load("vllm-cpu")
+    repo = gitops.open_repo(tmp_path / "p", create=True)
+    storage = f"sqlite:///{tmp_path / 'o.sqlite'}"
+    run = ledger.add(Run(id="r8", deadline_at=budget.deadline_after(60).isoformat(), model="m", space_path=space.path,
+                         space_hash=space.hash, workload="smoke", repo=str(repo.working_dir),
+                         settings={"home": str(tmp_path)}))
+    settings = Settings(model="m", workload="smoke", max_trials=9, facts={"cpus": 2, "concurrency": 1})
+    class StopInSeventhCandidate(FakeEngine):   # a candidate's own measurement carries its prune threshold
+        started = 0
+
+        def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+            self.started += "prune_below_tps" in spec
+            if self.started == 7 and "prune_below_tps" in spec:
+                raise KeyboardInterrupt
+            return super().evaluate(spec, trial_dir, timeout_s, on_phase)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_search(RunContext(run, settings, space), Seams(ledger, StopInSeventhCandidate(), repo), storage,
+                   planner=NoPlanner())
+    recovery.repair(ledger, ledger.run("r8"), storage, repo)
+    (cut,) = [t for t in ledger.trials("r8") if t.status == "interrupted"]
+    assert cut.source == "sampler"
+    run_search(RunContext(ledger.update(ledger.run("r8"), status="running"), settings, space),
+               Seams(ledger, FakeEngine(), repo), storage, planner=NoPlanner())
+    again = [t for t in ledger.trials("r8") if t.params == cut.params and t.number > cut.number]
+    assert len(again) == 1 and again[0].status in ("ok", "pruned", "failed") and again[0].source == "sampler"
+    assert "cut by a crash" in again[0].rationale
+    assert recovery.problems(ledger, ledger.run("r8"), storage, repo) == []
+
+
 def test_interrupt_ends_the_trial_in_flight_and_stops_cleanly(tmp_path):
     from agent.cli import _close_interrupted
 
