@@ -14,7 +14,7 @@ continues the run to its original deadline. After the last resume ends, the run 
 - no candidate point was measured to a result twice (an interrupted one is measured again once);
 - the points the kills cut, and whether each was measured again before the deadline.
 
-The instances are made cheap as in tests/test_run_real.py (the CPU space with enforce-eager fixed,
+The instances are made cheap by tests/test_run_real.py's own helpers (the CPU space with enforce-eager fixed,
 one repeat of --num-prompts requests, perplexity on a short text), so a kill every few minutes
 still lets the run progress. Prints one line a kill, then the checks; writes soak.jsonl.
 """
@@ -34,26 +34,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import psutil
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from agent import recovery  # noqa: E402
 from agent.ledger import Ledger  # noqa: E402
-
-QUALITY_TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
-                "of foolishness, it was the epoch of belief, it was the epoch of incredulity.")
-
-
-def cheap_space(folder: Path) -> Path:
-    raw = yaml.safe_load((ROOT / "search_space/vllm-cpu.yaml").read_text())
-    raw["fixed"]["flags"]["enforce-eager"] = True
-    del raw["knobs"]["enforce-eager"]
-    path = folder / "vllm-cpu-eager.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
-
+from test_run_real import eager_space, quality_text  # noqa: E402   the real-run test's cheap instances
 
 def in_flight(home: Path) -> dict:
     """What a kill now would hit: the trial whose worker process is alive (a held-out instance is its
@@ -91,14 +79,13 @@ def main() -> int:
     out = ROOT / "runs" / "kill-soak" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     home = out / "home"
     home.mkdir(parents=True)
-    (out / "quality.txt").write_text(QUALITY_TEXT + "\n")
     rng = random.Random(args.seed)
     gaps = [rng.uniform(args.min_gap, args.max_gap) for _ in range(args.kills)]
     print(f"soak in {out}: {args.kills} kills after {', '.join(f'{g:.0f}' for g in gaps)} s of each start",
           flush=True)
     log = open(out / "agent.log", "a")
-    proc = agent(home, "run", "--budget", args.budget, "--space", str(cheap_space(out)), "--repeats", "1",
-                 "--num-prompts", str(args.num_prompts), "--quality-text", str(out / "quality.txt"), stdout=log)
+    proc = agent(home, "run", "--budget", args.budget, "--space", str(eager_space(out)), "--repeats", "1",
+                 "--num-prompts", str(args.num_prompts), "--quality-text", str(quality_text(out)), stdout=log)
     kills, run_id = [], None
     for i, gap in enumerate(gaps, 1):
         deadline = time.monotonic() + gap

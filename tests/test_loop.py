@@ -183,19 +183,25 @@ class StopAt(FakeEngine):
         return super().evaluate(spec, trial_dir, timeout_s, on_phase)
 
 
+def _run_to_resume(tmp_path, run_id):
+    """A run's row with a minute to go, and the ledger, space, repository and study storage a stop and
+    its resume share."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    space = spaces.load("vllm-cpu")
+    repo = gitops.open_repo(tmp_path / "p", create=True)
+    run = ledger.add(Run(id=run_id, deadline_at=budget.deadline_after(60).isoformat(), model="m",
+                         space_path=space.path, space_hash=space.hash, workload="smoke", repo=str(repo.working_dir),
+                         settings={"home": str(tmp_path)}))
+    return ledger, space, repo, f"sqlite:///{tmp_path / 'o.sqlite'}", run
+
+
 def test_a_sampler_point_cut_by_a_crash_is_measured_again_after_the_resume(tmp_path):
     """The sampler alone, cut inside its seventh candidate (past TPE's random start-up, so a resumed
     sampler would draw another point): after the repair the same point is measured again, once."""
     from agent import recovery
     from agent.planner import NoPlanner
 
-    ledger = Ledger(tmp_path / "ledger.sqlite")
-    space = spaces.load("vllm-cpu")
-    repo = gitops.open_repo(tmp_path / "p", create=True)
-    storage = f"sqlite:///{tmp_path / 'o.sqlite'}"
-    run = ledger.add(Run(id="r8", deadline_at=budget.deadline_after(60).isoformat(), model="m", space_path=space.path,
-                         space_hash=space.hash, workload="smoke", repo=str(repo.working_dir),
-                         settings={"home": str(tmp_path)}))
+    ledger, space, repo, storage, run = _run_to_resume(tmp_path, "r8")
     settings = Settings(model="m", workload="smoke", max_trials=9, facts={"cpus": 2, "concurrency": 1})
     class StopInSeventhCandidate(FakeEngine):   # a candidate's own measurement carries its prune threshold
         started = 0
@@ -244,13 +250,7 @@ def test_a_candidate_interrupted_by_a_stop_is_measured_again_after_the_resume(tm
     trial number before the deadline."""
     from agent import recovery
 
-    ledger = Ledger(tmp_path / "ledger.sqlite")
-    space = spaces.load("vllm-cpu")
-    repo = gitops.open_repo(tmp_path / "p", create=True)
-    storage = f"sqlite:///{tmp_path / 'o.sqlite'}"
-    run = ledger.add(Run(id="r7", deadline_at=budget.deadline_after(60).isoformat(), model="m", space_path=space.path,
-                         space_hash=space.hash, workload="smoke", repo=str(repo.working_dir),
-                         settings={"home": str(tmp_path)}))
+    ledger, space, repo, storage, run = _run_to_resume(tmp_path, "r7")
     settings = Settings(model="m", workload="smoke", max_trials=2, facts={"cpus": 2, "concurrency": 1})
     with pytest.raises(KeyboardInterrupt):
         run_search(RunContext(run, settings, space), Seams(ledger, StopAt(4), repo), storage)
