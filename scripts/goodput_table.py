@@ -106,10 +106,14 @@ def main() -> int:
     parser.add_argument("--slo-itl-p99-ms", type=float, metavar="MS",
                         help="the ITL SLO in every profile (a slow CPU serves one stream at 120 ms a token: "
                              "CPU_SLOS' 100 ms then holds at no rate)")
+    parser.add_argument("--slo-e2e-p99-ms", type=float, metavar="MS",
+                        help="the end-to-end latency SLO in every profile: it caps the latency of a point that holds, "
+                             "so fewer requests a point make a load (sandbox.goodput.SUSTAIN)")
     args = parser.parse_args()
     plan = GPU if args.gpu else CPU
     override = {k: v for k, v in (("num_prompts", args.requests), ("slo_ttft_p99_ms", args.slo_ttft_p99_ms),
-                                  ("slo_itl_p99_ms", args.slo_itl_p99_ms)) if v}
+                                  ("slo_itl_p99_ms", args.slo_itl_p99_ms),
+                                  ("slo_e2e_p99_ms", args.slo_e2e_p99_ms)) if v}
     plan["profiles"] = {k: {**v, **override} for k, v in plan["profiles"].items()}
     out = ROOT / "runs" / "goodput-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
