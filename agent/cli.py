@@ -918,7 +918,11 @@ def ledger_show(number: int, run_id: str = typer.Option(None, "--run", help="Run
     if trial is None:
         raise fail(f"run {run_id} has no trial {number}")
     data = ledgers.as_dict(trial)
-    data["repeats_tps"] = [r.tps for r in ledger.repeats(trial.id)]
+    by_instance: dict[int, list[float]] = {}
+    for r in ledger.repeats(trial.id):   # 0: the trial's own server; 1, 2, ...: its held-out servers
+        by_instance.setdefault(r.instance, []).append(r.tps)
+    data["repeats_tps"] = by_instance.get(0, [])
+    data["heldout_repeats_tps"] = [by_instance[k] for k in sorted(by_instance) if k > 0]
     out.print_json(json.dumps(data, default=str))
 
 

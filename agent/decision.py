@@ -35,17 +35,8 @@ def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, h
                   tps_corrected=round(row.tps / base.drift, 3) if row.tps else None,
                   decision="failed" if not result.ok else
                   ("awaiting_recheck" if verdict.passed and settings.recheck else None if verdict.passed else "refused"))
-    if not result.ok:
-        seams.say("result", number=row.number, row=row)
-        return
-    if verdict.passed and (by := slower_than_branched(row, history, base, settings.gate)):
-        ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*verdict.reasons, by])
-    elif verdict.passed and not coordinator:
-        ledger.update(row, decision="put_forward")
-    elif verdict.passed:
-        accepted = held_out(ctx, seams, row, base, history) if settings.recheck else search_only(seams, row, settings.gate)
-        if accepted:
-            branch(ctx, seams, row, base, history)
+    if result.ok and verdict.passed:
+        decide_passed(ctx, seams, row, base, history, coordinator)
     seams.say("result", number=row.number, row=row)
 
 
@@ -57,18 +48,27 @@ def put_forward(history: list[Trial]) -> Trial | None:
 def decide_put_forward(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> None:
     """A worker's candidate that passed on the search prompts: the held-out decision and the branch,
     as for the coordinator's own (on the coordinator's device, against the defaults' instances)."""
-    settings, ledger = ctx.settings, seams.ledger
     seams.say("phase", number=row.number, phase=f"deciding trial {row.number}, put forward "
               + ("again after a crash cut its decision" if any("decided again after the resume" in r for r in
                                                                 row.gate_reasons or []) else "by a worker"))
-    if by := slower_than_branched(row, history, base, settings.gate):
-        ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*row.gate_reasons, by])
-    else:
-        ledger.update(row, decision="awaiting_recheck")
-        accepted = held_out(ctx, seams, row, base, history) if settings.recheck else search_only(seams, row, settings.gate)
-        if accepted:
-            branch(ctx, seams, row, base, history)
+    decide_passed(ctx, seams, row, base, history)
     seams.say("result", number=row.number, row=row)
+
+
+def decide_passed(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
+                  coordinator: bool = True) -> None:
+    """What a candidate that passed on the search prompts becomes: dominated by a branch already made,
+    put forward (a worker's), or, on the coordinator, decided on held-out prompts and branched."""
+    settings, ledger = ctx.settings, seams.ledger
+    if by := slower_than_branched(row, history, base, settings.gate):
+        ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*(row.gate_reasons or []), by])
+    elif not coordinator:
+        ledger.update(row, decision="put_forward")
+    else:
+        if settings.recheck and row.decision != "awaiting_recheck":   # a worker's, put forward
+            ledger.update(row, decision="awaiting_recheck")
+        if held_out(ctx, seams, row, base, history) if settings.recheck else search_only(seams, row, settings.gate):
+            branch(ctx, seams, row, base, history)
 
 
 def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> None:
@@ -129,6 +129,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
         if not result.ok:
             raise MeasureFailed(f"a held-out instance failed: {result.failure.klass}: {result.failure.message[:200]}")
         measured.append(result)
+        ledger.add_repeats(target.id, int(suffix.lstrip("-") or 1), result.bench.repeats_tps)
         return result.bench.value
 
     defaults_row = next(t for t in history if t.source == "baseline")

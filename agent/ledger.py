@@ -17,7 +17,7 @@ from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueCo
                         event, inspect, select, text, update)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, defer, mapped_column, relationship, sessionmaker
 
 
 def utcnow() -> str:
@@ -131,7 +131,7 @@ class Repeat(Base):
     __tablename__ = "repeats"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
-    instance: Mapped[int] = mapped_column(Integer)         # which server instance of the trial
+    instance: Mapped[int] = mapped_column(Integer)         # 0: the trial's own server; 1, 2, ...: its held-out servers
     tps: Mapped[float] = mapped_column(Float)
     trial: Mapped[Trial] = relationship(back_populates="repeats")
 
@@ -309,9 +309,26 @@ class Ledger:
                 q = q.where(Trial.status == status)
             return list(s.scalars(q))
 
+    def history(self, run_id: str, whole: tuple[str, ...]) -> list[Trial]:
+        """A run's trials as a step of the loop reads them: greedy outputs and their top logprobs, most
+        of a row's bytes, only on the rows whose source is in `whole` (the defaults' instances, which
+        the gate compares with); reading them on another row raises rather than query again."""
+        bulk = (Trial.greedy, Trial.top_logprobs)
+        with self.session() as s:
+            rows = list(s.scalars(select(Trial).where(Trial.run_id == run_id).order_by(Trial.number)
+                                  .options(*(defer(c, raiseload=True) for c in bulk))))
+        with self.session() as s:
+            full = {t.id: t for t in s.scalars(select(Trial).where(Trial.run_id == run_id, Trial.source.in_(whole)))}
+        return [full.get(t.id, t) for t in rows]
+
     def trial(self, run_id: str, number: int) -> Trial | None:
         with self.session() as s:
             return s.scalars(select(Trial).where(Trial.run_id == run_id, Trial.number == number)).first()
+
+    def add_repeats(self, trial_id: int, instance: int, tps: list[float]) -> None:
+        """The measured phases of one server instance of a trial."""
+        with self.session.begin() as s:
+            s.add_all(Repeat(trial_id=trial_id, instance=instance, tps=x) for x in tps)
 
     def repeats(self, trial_id: int) -> list[Repeat]:
         with self.session() as s:

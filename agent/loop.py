@@ -46,7 +46,7 @@ class Snapshot:
 
     @classmethod
     def read(cls, ctx: RunContext, ledger: Ledger) -> "Snapshot":
-        history = ledger.trials(ctx.run.id)
+        history = ledger.history(ctx.run.id, whole=DEFAULTS_SOURCES)
         return cls(history, ledger.learned_rules(ctx.run.id) if ctx.settings.preflight else [],
                    baseline_from(history, ctx.settings.gate), clock.seconds_left(ctx.run.deadline_at))
 

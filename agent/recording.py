@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agent import clock
 from agent.context import RunContext, Seams
-from agent.ledger import Ledger, Repeat, Trial, utcnow
+from agent.ledger import Ledger, Trial, utcnow
 from agent.stats import interval
 from sandbox.result import TrialResult
 
@@ -69,9 +69,7 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
     if not ledger.claim(Trial, row.id, {"status": "running"}, **values):
         raise Superseded(f"trial {row.number}: recorded as interrupted by another process while it ran "
                          f"(this worker was silent past the grace); its result is dropped")
-    with ledger.session.begin() as s:
-        for tps in bench.repeats_tps if bench else []:
-            s.add(Repeat(trial_id=row.id, instance=0, tps=tps))
+    ledger.add_repeats(row.id, 0, bench.repeats_tps if bench else [])
     for key, value in values.items():   # the row in memory as written: no read back
         setattr(row, key, value)
     return row

@@ -143,6 +143,19 @@ def test_every_accepted_trial_has_a_branch_holding_its_config(night):
     assert all(t.branch is None for t in rejected)
 
 
+def test_the_repeats_table_holds_every_server_of_a_decision_numbered_by_instance(night):
+    ledger, _, _, _, _ = night
+    decided = [t for t in ledger.trials("r1") if t.heldout_instances]
+    assert decided, "the fake's OMP binding reaches a held-out decision in 12 seconds"
+    for t in decided:
+        by = {}
+        for r in ledger.repeats(t.id):
+            by.setdefault(r.instance, []).append(r.tps)
+        # instance 0: the trial's own server, its 3 phases; then one entry per fresh held-out server
+        assert sorted(by) == list(range(len(t.heldout_instances) + 1)) and len(by[0]) == 3
+        assert all(len(by[k]) == 3 for k in by if k > 0)
+
+
 def test_cli_reads_the_ledger(night, monkeypatch):
     ledger, _, _, tmp_path, _ = night
     monkeypatch.setenv("AGENT_HOME", str(tmp_path))
