@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from agent import report_text, storage as storages, study as studies
 from sandbox import model as embedded
 from agent.gate import GateSettings
 from agent.stats import Noise
-from agent.context import RunContext, Seams, Settings
+from agent.context import RunContext, Seams, Settings, settings_of, stored
 
 G, S = GateSettings, Settings  # every default lives on these two dataclasses
 from agent.log import event_logger
@@ -370,17 +370,26 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
                      f"{f', the model allows {tokens.limit}' if tokens.limit else ''})" if context else ""),
                   highlight=False)
     engine = engine_info()
+    named = {**settings, "quality": quality, "sampler": sampler}   # the options under the dataclasses' names
+    used = Settings(model=model, workload=meter.as_dict(), quality_text=quality_set.text_path, home=home,
+                    gate=GateSettings(**{f.name: named[f.name] for f in fields(GateSettings) if f.name in named},
+                                      noise_prior=Noise(*space.noise_prior)),
+                    facts=_facts(hardware(), meter),
+                    **{f.name: named[f.name] for f in fields(Settings) if f.name in named
+                       and f.name not in ("model", "workload", "quality_text", "home", "gate", "facts")})
     return ledger.add(ledgers.Run(
         id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
         model=model, model_revision=revision, engine=engine["name"], engine_version=engine["version"], hardware=hardware(),
         space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
         repo=str(proposals.working_dir),
-        settings={"home": str(home), "budget_s": budget_s, "budget": budget_text, "quality": quality,
-                  "quality_text": quality_set.text_path, "workload_spec": meter.as_dict(), "max_model_len": context,
+        settings={**stored(used), "budget_s": budget_s, "budget": budget_text, "max_model_len": context,
                   "traffic": meter.summary(), "traffic_source": source.summary() if traffic else None,
                   "model_given": model_given, "storage": where().kind, "choices": _choices(space),
-                  "sampler": sampler, "planner": planner or "builtin", "draft_models": draft_model or [],
-                  "noise_prior": list(space.noise_prior), **settings}))
+                  "planner": planner or "builtin", "draft_models": draft_model or [],
+                  **{k: v for k, v in settings.items() if k not in _FIELDS}}))   # workers, arrivals, ... as given
+
+
+_FIELDS = {f.name for f in (*fields(Settings), *fields(GateSettings))}
 
 
 OPEN_LOOP_CAP = 64   # requests in flight at most when --arrivals opens a closed-loop workload (docs/arrivals.md)
@@ -471,7 +480,7 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     if live := crew.coordinator(ledger.workers(run_id)):   # on another host: this host's lock cannot see it
         raise fail(f"--resume: run {run_id} is going: its coordinator, pid {live.pid} on {live.host}, wrote its "
                    f"heartbeat {crew.age_s(live.heartbeat_at):.0f} s ago; one coordinator per run", 1)
-    space = _space(row.space_path, row.settings.get("draft_models") or [], exact=row.settings.get("exact", False),
+    space = _space(row.space_path, row.settings.get("draft_models") or [], exact=settings_of(row).gate.exact,
                    max_model_len=row.settings.get("max_model_len"))
     if space.hash != row.space_hash:
         raise fail(f"--resume: {row.space_path} changed since run {run_id} started; a resumed run keeps its space")
@@ -481,44 +490,23 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     return ledger.update(row, status="running", finished_at=None)
 
 
-# A run written by an older version lacks the newer settings: they take today's defaults.
-DEFAULTS = {"quality": "default", "ppl_tolerance": G.ppl_tolerance, "ppl_max": G.ppl_max, "min_gain": G.min_gain,
-            "kl_max": G.kl_max, "kl_max_lossy": G.kl_max_lossy, "slo_ttft_p99_ms": G.slo_ttft_p99_ms,
-            "slo_itl_p99_ms": G.slo_itl_p99_ms,
-            "max_instances": G.max_instances, "exact": G.exact, "baseline_instances": S.baseline_instances,
-            "repeats": S.repeats, "seed": S.seed, "sampler_per_planner": S.sampler_per_planner, "sampler": S.sampler,
-            "max_trials": S.max_trials, "recheck": S.recheck, "drift_every": S.drift_every,
-            "one_knob_start": S.one_knob_start, "planner": "builtin", "workers": 1, "model_given": None,
-            "draft_models": [], "noise_prior": [0.0, 0]}   # a run from before the prior keeps judging without it
-
-
 def _storage():
     return where().study()
 
 
 def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spaces.Space, dict]:
-    """The run's settings, space and options as its row has them (a resume and every worker read the same)."""
+    """The run's settings and space as its row has them (a resume and every worker read the same), the
+    model, home and facts this host's; and the row's other options (planner, workers, ...)."""
     from sandbox.host import hardware
     from sandbox.workload import load_workload
 
-    o = {**DEFAULTS, **row.settings}  # a run written by an older version lacks the newer settings
-    meter = load_workload(o.get("workload_spec") or row.workload)
-    gate = GateSettings(ppl_tolerance=o["ppl_tolerance"], ppl_max=o["ppl_max"], min_gain=o["min_gain"],
-                        kl_max=o["kl_max"], kl_max_lossy=o["kl_max_lossy"], slo_ttft_p99_ms=o["slo_ttft_p99_ms"],
-                        slo_itl_p99_ms=o["slo_itl_p99_ms"],
-                        max_instances=o["max_instances"], exact=o["exact"],
-                        noise_prior=Noise(*o["noise_prior"]))
-    settings = Settings(model=_model_here(row, o), workload=o.get("workload_spec") or row.workload,
-                        quality=o["quality"], quality_text=o.get("quality_text"), gate=gate,
-                        baseline_instances=o["baseline_instances"], repeats=o["repeats"], seed=o["seed"],
-                        sampler_per_planner=o["sampler_per_planner"], sampler=o["sampler"],
-                        max_trials=o["max_trials"], recheck=o["recheck"], drift_every=o["drift_every"],
-                        one_knob_start=o["one_knob_start"], home=home,
-                        facts={**hardware(), "concurrency": meter.concurrency,
-                               "max_tokens": max(r.max_tokens for r in meter.measured(0)),
-                               "sampled_share": meter.summary()["sampled_share"]})
+    o = row.settings
+    settings = settings_of(row)
+    meter = load_workload(settings.workload)
+    settings = replace(settings, model=_model_here(row, o), home=home, facts=_facts(hardware(), meter))
     space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
-    space = _space(space_path, o.get("draft_models") or [], exact=o["exact"], max_model_len=o.get("max_model_len"))
+    space = _space(space_path, o.get("draft_models") or [], exact=settings.gate.exact,
+                   max_model_len=o.get("max_model_len"))
     if space.hash != row.space_hash:
         raise fail(f"{row.space_path} on this host is not the space run {row.id} searches (hash {space.hash}, "
                    f"the run's {row.space_hash})")
@@ -527,6 +515,12 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
             raise fail(f"{name}: this host's choices {choices} are not run {row.id}'s {o['choices'][name]} "
                        f"(a CPU host joins a run with the coordinator's number of cores)")
     return settings, space, o
+
+
+def _facts(hardware: dict, meter) -> dict:
+    """What the planner knows of the host and the traffic."""
+    return {**hardware, "concurrency": meter.concurrency, "max_tokens": max(r.max_tokens for r in meter.measured(0)),
+            "sampled_share": meter.summary()["sampled_share"]}
 
 
 def _model_here(row: ledgers.Run, o: dict) -> str:
@@ -704,11 +698,11 @@ def _interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, wh
 
 
 def _planner(o: dict, ledger: ledgers.Ledger, run_id: str, say):
-    if o["planner"] == "off":
+    if o.get("planner", "builtin") == "off":
         from agent.planner import NoPlanner
 
         return NoPlanner()
-    if o["planner"] == "builtin":
+    if o.get("planner", "builtin") == "builtin":
         return None
     from agent.llm_planner import FallbackPlanner, LLMPlanner
 

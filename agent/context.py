@@ -8,13 +8,14 @@ the row it works on, so no step needs a long parameter list.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
 from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
 from agent.space import Space
+from agent.stats import Noise
 from sandbox.result import TrialResult
 
 
@@ -53,6 +54,40 @@ class Settings:
     prune: bool = True
     one_knob_start: bool = False
     home: Path | None = None       # where trial folders go (default: the run's home; a worker on another host: its own)
+
+
+def stored(settings: Settings) -> dict:
+    """The settings as the run row keeps them: the dataclass as is, under its own field names (the
+    `run` command's options carry the same names), so a resume and every worker read what was used."""
+    return {**asdict(settings), "home": str(settings.home) if settings.home else None}
+
+
+def settings_of(run: Run) -> Settings:
+    """The settings a run was started with, from its row. On another host the model, the home and
+    the facts are that host's: the caller replaces them."""
+    o = run.settings or {}
+    if "gate" not in o:
+        return _written_before_2026_12_03(o, run.workload)
+    gate = GateSettings(**{**o["gate"], "noise_prior": Noise(**o["gate"]["noise_prior"])})
+    kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o}
+    return Settings(**{**kept, "gate": gate, "home": Path(o["home"]) if o.get("home") else None})
+
+
+# A run row written before the settings were stored as used: flat options, some under other names,
+# and a run older still lacks the newer ones, which take today's defaults.
+_OLD = {"quality": "default", "baseline_instances": 2, "repeats": 2, "seed": 0, "sampler_per_planner": 1,
+        "sampler": "tpe", "max_trials": None, "recheck": True, "drift_every": 10, "one_knob_start": False,
+        "noise_prior": [0.0, 0]}   # a run from before the prior keeps judging without it
+
+
+def _written_before_2026_12_03(o: dict, workload: str) -> Settings:
+    o = {**_OLD, **o}
+    gate = GateSettings(**{f.name: o[f.name] for f in fields(GateSettings) if f.name in o and f.name != "noise_prior"},
+                        noise_prior=Noise(*o["noise_prior"]))
+    kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o and f.name not in ("model", "workload", "gate",
+                                                                                           "home", "facts")}
+    return Settings(model=o.get("model", ""), workload=o.get("workload_spec") or workload, gate=gate,
+                    home=Path(o["home"]) if o.get("home") else None, **kept)
 
 
 def say_nothing(event: str, **info) -> None:

@@ -22,8 +22,9 @@ from pathlib import Path
 import git
 
 from agent import hub
+from agent.context import settings_of
 from agent.ledger import Ledger
-from agent.stats import Noise, compare, pooled_noise
+from agent.stats import compare, pooled_noise
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
 
@@ -54,7 +55,8 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
     base_row = next((t for t in ledger.trials(run.id) if t.source == "baseline"), None)
     from sandbox.workload import load_workload
 
-    meter = load_workload(run.settings.get("workload_spec") or claim["meter"]["name"]).with_split(split)
+    used = settings_of(run)
+    meter = load_workload(used.workload).with_split(split)
     try:   # the commit the branch was measured with, for a model given by Hub id
         model = hub.served(run.model, run.model_revision)
     except hub.ModelUnavailable as e:
@@ -63,15 +65,15 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
     # Speed only: the branch's quality was measured through its own server and is in its results.
     specs = {
         "defaults": {"model": model, "flags": base_row.flags, "env": base_row.env, "workload": inline,
-                     "quality": "none", "repeats": run.settings.get("repeats", 2)},
+                     "quality": "none", "repeats": used.repeats},
         "candidate": {"model": model, "flags": claim["flags"], "env": claim["env"], "workload": inline,
-                      "quality": "none", "repeats": run.settings.get("repeats", 2)},
+                      "quality": "none", "repeats": used.repeats},
     }
     claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["tps_ratio"]
     band = (claimed * (1 - tolerance), claimed * (1 + tolerance))
     # The run's own instances of the defaults measured the noise: their spread joins this one's.
     run_defaults = [t.tps for t in ledger.trials(run.id) if t.source in ("baseline", "aa") and t.status == "ok"]
-    prior = Noise(*run.settings.get("noise_prior", (0.0, 0)))   # the one the run's gate used (agent.cli._settings)
+    prior = used.gate.noise_prior   # the one the run's gate used
     figures: dict[str, list[float]] = {"defaults": [], "candidate": []}
     verdict, c = UNDECIDED, None
     for i in range(max_rounds):

@@ -201,8 +201,6 @@ def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: f
 def test_two_servers_equal_in_tokens_per_second_at_one_rate_differ_in_goodput(tmp_path, monkeypatch):
     """At 5 requests a second both stand-ins serve the offered load (the same tokens/s); the one with
     two decoding slots holds the TTFT SLO to about twice the rate of the one with one."""
-    from sandbox import bench
-    from sandbox.workload import Workload
 
     one, two = (goodput_trial(tmp_path, monkeypatch, slots, "rate:5") for slots in (1, 2))
     for result in (one, two):
@@ -289,7 +287,7 @@ def test_a_goodput_run_tells_optuna_decides_and_claims_in_requests_per_second(tm
     assert "objective goodput (the highest rate whose TTFT p99 <= 2000 ms holds)" in out
     assert "baseline: 0.9" in out and "req/s goodput (instances" in out and "tok/s" not in out
     (run,) = Ledger(home / "ledger.sqlite").runs()
-    spec = run.settings["workload_spec"]
+    spec = run.settings["workload"]
     assert spec["objective"] == "goodput" and spec["arrivals"] == "trace" and spec["slo_ttft_p99_ms"] == 2000
     assert 0.8 < run.baseline_tps < 1.0   # 18 tok/s / 20: the figure, not tokens/s
     trials = Ledger(home / "ledger.sqlite").trials(run.id)

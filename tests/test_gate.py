@@ -6,7 +6,7 @@ import math
 import pytest
 
 from agent import gate
-from agent.gate import Calibration, GateSettings, Instance, MeasureFailed, baseline_of, check, decide, judge_aa
+from agent.gate import GateSettings, Instance, MeasureFailed, baseline_of, check, decide, judge_aa
 from agent.stats import compare, pooled_noise, t_quantile
 from sandbox.result import Figures, Quality, TrialResult, failed
 

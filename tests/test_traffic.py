@@ -286,9 +286,9 @@ def test_a_run_on_user_traffic_keeps_held_out_requests_out_of_search_and_prompts
     assert run.settings["traffic"]["split_hash"] and run.settings["traffic"]["traffic"]["requests"] == 120
     assert run.settings["max_model_len"] == 768   # the quality window's 513 tokens, rounded up
     # The shipped space's noise prior, recorded once, in the run's settings as it started.
-    assert run.settings["noise_prior"] == [0.07, 4] and "noise_prior" not in run.calibration
+    assert run.settings["gate"]["noise_prior"] == {"sd": 0.07, "df": 4} and "noise_prior" not in run.calibration
     assert "with the space's prior ±7.0% worth 4 df" in proc.stdout + proc.stderr
-    heldout_keys = {r.key for r in load_workload(run.settings["workload_spec"]).pool("heldout")}
+    heldout_keys = {r.key for r in load_workload(run.settings["workload"]).pool("heldout")}
     sent = [json.loads(line) for line in specs.read_text().splitlines()]
     assert len(sent) >= 4
     for spec in sent:

@@ -1,0 +1,41 @@
+"""A run's settings are stored as the run used them and read back the same, by the same names."""
+
+from dataclasses import fields
+from pathlib import Path
+
+from agent.context import Settings, settings_of, stored
+from agent.gate import GateSettings
+from agent.ledger import Ledger, Run
+from agent.stats import Noise
+
+
+def _run(ledger: Ledger, settings: dict) -> Run:
+    ledger.add(Run(id="r1", deadline_at="2026-12-03T00:00:00+00:00", model="m", space_path="s", space_hash="h",
+                   workload="smoke", repo="r", settings=settings))
+    return ledger.run("r1")   # read back from the SQLite file, JSON and all
+
+
+def test_the_settings_dataclass_goes_into_the_run_row_and_comes_back_equal(tmp_path):
+    used = Settings(model="m", workload={"name": "mine", "num_prompts": 7}, quality="quick", quality_text="t.txt",
+                    gate=GateSettings(ppl_tolerance=0.02, min_gain=0.05, slo_ttft_p99_ms=300.0, max_instances=9,
+                                      noise_prior=Noise(0.07, 4)),
+                    baseline_instances=3, repeats=4, seed=5, sampler="random", max_trials=11, recheck=False,
+                    drift_every=0, one_knob_start=True, facts={"cpus": 2}, home=tmp_path, sampler_per_planner=2,
+                    preflight=False, prune=False)
+    # every field differs from its default, so a field dropped on the way shows as a default
+    assert all(getattr(used, f.name) != f.default for f in fields(Settings) if f.name not in ("model", "workload"))
+    back = settings_of(_run(Ledger(tmp_path / "ledger.sqlite"), {**stored(used), "budget": "1h"}))
+    assert back == used and isinstance(back.gate.noise_prior, Noise) and isinstance(back.home, Path)
+
+
+def test_a_run_row_written_before_the_settings_were_stored_as_used_is_read_with_its_old_names(tmp_path):
+    old = {"home": str(tmp_path), "budget": "30m", "quality": "quick", "workload_spec": {"name": "mine"},
+           "ppl_tolerance": 0.02, "slo_itl_p99_ms": 100.0, "exact": True, "noise_prior": [0.07, 4], "repeats": 3,
+           "one_knob_start": True, "planner": "builtin", "workers": 1}
+    back = settings_of(_run(Ledger(tmp_path / "ledger.sqlite"), old))
+    assert back.workload == {"name": "mine"} and back.quality == "quick" and back.repeats == 3
+    assert back.gate == GateSettings(ppl_tolerance=0.02, slo_itl_p99_ms=100.0, exact=True, noise_prior=Noise(0.07, 4))
+    assert back.one_knob_start and back.seed == 0 and back.home == tmp_path
+    # older still: no workload spec, no prior: the run's workload name and no prior
+    older = settings_of(Run(id="r0", workload="smoke", settings={"home": str(tmp_path)}))
+    assert older.workload == "smoke" and older.gate.noise_prior == Noise(0.0, 0)
