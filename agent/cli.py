@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -494,9 +494,9 @@ def _storage():
     return where().study()
 
 
-def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spaces.Space, dict]:
+def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spaces.Space]:
     """The run's settings and space as its row has them (a resume and every worker read the same), the
-    model, home and facts this host's; and the row's other options (planner, workers, ...)."""
+    model, home and facts this host's."""
     from sandbox.host import hardware
     from sandbox.workload import load_workload
 
@@ -514,7 +514,7 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
         if name in o.get("choices", {}) and o["choices"][name] != choices:
             raise fail(f"{name}: this host's choices {choices} are not run {row.id}'s {o['choices'][name]} "
                        f"(a CPU host joins a run with the coordinator's number of cores)")
-    return settings, space, o
+    return settings, space
 
 
 def _facts(hardware: dict, meter) -> dict:
@@ -543,26 +543,23 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     from agent.defaults import BaselineFailed, BudgetTooShort
     from agent.loop import DirtyMachine, run_search
 
-    settings, space, o = _settings(row)
-    say = event_logger(Path(o["home"]) / row.id / "events.jsonl", console)
-    planner = _planner(o, ledger, row.id, say)
+    home = Path(row.settings["home"])
     try:
-        slots = devices.slots(o.get("workers", 1), _gpu_count(), Path(o["home"]))
+        slots = devices.slots(row.settings.get("workers", 1), _gpu_count(), home)
     except devices.DeviceError as e:
         raise fail(str(e)) from None
-    say("run", id=row.id, budget=o.get("budget", ""), deadline=row.deadline_at, space=space.path,
-        workload=row.workload)
-    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
-    engine = make_engine(slots[0] if len(slots) > 1 else None)
-    me = crew.join(ledger, row, slots[0], "coordinator")
+    part = _take_part(ledger, row, slots[0], slots[0] if len(slots) > 1 else None)
+    say = part.seams.say
+    say("run", id=row.id, budget=row.settings.get("budget", ""), deadline=row.deadline_at,
+        space=part.ctx.space.path, workload=row.workload)
+    planner = _planner(row.settings, ledger, row.id, say)
     try:
-        with crew.Heartbeat(ledger, me):
-            procs = crew.spawn(row.id, slots[1:], os.environ.get("AGENT_STORAGE"), Path(o["home"]) / row.id)
+        with crew.Heartbeat(ledger, part.me):
+            procs = crew.spawn(row.id, slots[1:], os.environ.get("AGENT_STORAGE"), home / row.id)
             if procs:
                 say("workers", count=len(slots), devices=[s.device for s in slots])
             try:
-                run_search(RunContext(row, settings, space, worker_id=me.id), Seams(ledger, engine, gitops.open_repo(Path(row.repo)), say),
-                           _storage(), planner=planner, me=me)
+                run_search(part.ctx, part.seams, _storage(), planner=planner, me=part.me)
             finally:
                 crew.stop(procs)   # each ends its trial in flight and records it
     except KeyboardInterrupt:
@@ -593,9 +590,34 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
         raise fail(f"{what} failed during run {row.id}: {str(e).strip().splitlines()[0][:200]}; the run stopped "
                    f"with its ledger consistent. Fix the cause, then: agent run --resume {row.id}", 1) from None
     finally:
-        say.close()      # the live phase line, on a terminal
-        engine.close()   # the pre-flight's process
+        part.close()
     _summary(ledger, row.id)
+
+
+@dataclass
+class Part:
+    """One process's part in a run, as the coordinator (`agent run`) and each `agent worker` take it:
+    the run's settings and space on this host, the seams (a worker has no repository: it never
+    branches), its row among the run's workers. close() whatever happens."""
+    ctx: RunContext
+    seams: Seams
+    me: ledgers.Worker
+
+    def close(self) -> None:
+        self.seams.say.close()      # the live phase line, on a terminal
+        self.seams.engine.close()   # the pre-flight's process
+
+
+def _take_part(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, engine_slot: devices.Slot | None,
+               home: Path | None = None) -> Part:
+    """The coordinator's part (home None: the run's own), or a worker's on this host's home."""
+    settings, space = _settings(row, home=home)
+    engine = make_engine(engine_slot)
+    me = crew.join(ledger, row, slot, "worker" if home else "coordinator")
+    events = home / row.id / f"events-worker-{me.id}.jsonl" if home else Path(row.settings["home"]) / row.id / "events.jsonl"
+    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    repo = None if home else gitops.open_repo(Path(row.repo))
+    return Part(RunContext(row, settings, space, worker_id=me.id), Seams(ledger, engine, repo, event_logger(events, console)), me)
 
 
 @app.command()
@@ -646,17 +668,14 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
     from agent.recording import Superseded
 
     home = paths.home()
-    settings, space, o = _settings(row, home=home)
-    engine = make_engine(slot if slot.env else None)
-    me = crew.join(ledger, row, slot, "worker")
-    say = event_logger(home / row.id / f"events-worker-{me.id}.jsonl", console)
-    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    part = _take_part(ledger, row, slot, slot if slot.env else None, home=home)
+    me = part.me
     hint = (f"agent worker --run {row.id}" + (" --storage URL" if where().shared else ""))
     lost = (f"worker {me.name} was silent too long and was declared lost (its trial was recorded as "
             f"interrupted); start it again: {hint}")
     try:
         with crew.Heartbeat(ledger, me, parent) as beat:
-            work(RunContext(row, settings, space, worker_id=me.id), Seams(ledger, engine, None, say), _storage(), me, lost=beat.lost.is_set)
+            work(part.ctx, part.seams, _storage(), me, lost=beat.lost.is_set)
         if beat.lost.is_set():
             raise fail(lost, 1)
     except Superseded:
@@ -676,8 +695,7 @@ def _work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: 
                    f"and its trial in flight was ended (recorded as interrupted when the database is back). "
                    f"Then: {hint}", 1) from None
     finally:
-        say.close()
-        engine.close()
+        part.close()
     if ledger.run(row.id).status != "running":   # what it put forward at the very end, nobody decides
         for line in crew.refuse_leftovers(ledger, row.id, me.id):
             console.print(line, highlight=False)
