@@ -178,7 +178,7 @@ def branch(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: l
         return
     name = f"agent/{ctx.run.id}/{row.number}"
     try:
-        commit = gitops.propose(seams.repo, name, proposal.files(ctx.run, row), proposal.message(ctx.run, row))
+        commit = gitops.commit_branch(seams.repo, name, proposal.files(ctx.run, row), proposal.message(ctx.run, row))
         ledger.update(row, branch=name, commit=commit)
     except gitops.RepoError as e:
         ledger.update(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])

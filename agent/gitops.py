@@ -48,7 +48,7 @@ def open_repo(path: Path, create: bool = False) -> git.Repo:
     return repo
 
 
-def propose(repo: git.Repo, branch: str, files: dict[str, tuple[str, bool]], message: str) -> str:
+def commit_branch(repo: git.Repo, branch: str, files: dict[str, tuple[str, bool]], message: str) -> str:
     """Commit files ({path: (text, executable)}) on top of HEAD as a new branch; return the commit."""
     if not branch.startswith(PREFIX):
         raise RepoError(f"branch {branch!r} is not under {PREFIX}")

@@ -64,14 +64,14 @@ def kill_at(home: Path, run_id: str, ledger: Ledger, engine: FakeEngine) -> None
         return evaluate(spec, trial_dir, timeout_s, on_phase)
 
     engine.evaluate = evaluating
-    propose = gitops.propose
+    propose = gitops.commit_branch
 
     def proposing(*args, **kwargs):
         sha = propose(*args, **kwargs)
         maybe_die("branch")
         return sha
 
-    gitops.propose = proposing
+    gitops.commit_branch = proposing
     tell = studies.tell
 
     def telling(study, trial, *args, **kwargs):

@@ -31,7 +31,7 @@ def test_proposal_branch_leaves_the_users_tree_index_and_head_alone(user_repo):
     before = (git(user_repo, "status", "--porcelain"), git(user_repo, "rev-parse", "HEAD"),
               git(user_repo, "symbolic-ref", "HEAD"), (user_repo / "app.py").read_text())
     repo = gitops.open_repo(user_repo)
-    sha = gitops.propose(repo, "agent/r1/3", {"serving/config.yaml": ("max-num-seqs: 8\n", False),
+    sha = gitops.commit_branch(repo, "agent/r1/3", {"serving/config.yaml": ("max-num-seqs: 8\n", False),
                                                "serving/launch.sh": ("#!/bin/sh\n", True)}, "trial 3: 1.3x")
     after = (git(user_repo, "status", "--porcelain"), git(user_repo, "rev-parse", "HEAD"),
              git(user_repo, "symbolic-ref", "HEAD"), (user_repo / "app.py").read_text())
@@ -46,9 +46,9 @@ def test_proposal_branch_leaves_the_users_tree_index_and_head_alone(user_repo):
 
 def test_existing_branch_is_never_overwritten(user_repo):
     repo = gitops.open_repo(user_repo)
-    first = gitops.propose(repo, "agent/r1/1", {"a": ("1", False)}, "one")
+    first = gitops.commit_branch(repo, "agent/r1/1", {"a": ("1", False)}, "one")
     with pytest.raises(gitops.RepoError, match="already exists"):
-        gitops.propose(repo, "agent/r1/1", {"a": ("2", False)}, "two")
+        gitops.commit_branch(repo, "agent/r1/1", {"a": ("2", False)}, "two")
     assert git(user_repo, "rev-parse", "agent/r1/1").strip() == first
 
 
@@ -58,7 +58,7 @@ def test_works_on_a_detached_head_with_hooks_that_would_fail(user_repo):
     hook.write_text("#!/bin/sh\nexit 1\n")
     hook.chmod(0o755)
     repo = gitops.open_repo(user_repo)
-    gitops.propose(repo, "agent/r2/1", {"a": ("x", False)}, "m")
+    gitops.commit_branch(repo, "agent/r2/1", {"a": ("x", False)}, "m")
     assert git(user_repo, "show", "agent/r2/1:a") == "x"
 
 
@@ -86,7 +86,7 @@ def test_mid_merge_with_signing_required_and_a_stale_index_lock(user_repo):
     (user_repo / ".git" / "index.lock").write_text("")
     before = ((user_repo / "app.py").read_text(), git(user_repo, "rev-parse", "HEAD"))
     repo = gitops.open_repo(user_repo)
-    sha = gitops.propose(repo, "agent/r3/1", {"serving/config.yaml": ("a: 1\n", False)}, "trial 1")
+    sha = gitops.commit_branch(repo, "agent/r3/1", {"serving/config.yaml": ("a: 1\n", False)}, "trial 1")
     assert git(user_repo, "rev-parse", "agent/r3/1").strip() == sha
     assert ((user_repo / "app.py").read_text(), git(user_repo, "rev-parse", "HEAD")) == before
     assert (user_repo / ".git" / "MERGE_HEAD").exists() and (user_repo / ".git" / "index.lock").exists()
