@@ -25,10 +25,11 @@ P99_MIN_REQUESTS = 100   # below this a point's "p99" is its worst request, and 
 SUSTAIN = 3              # a point's requests must arrive over at least 3 of their median latencies
 
 
-class Unsustained(ValueError):
+class Unsustained(Exception):
     """A rate point that held, but whose requests all arrived within a few of their own latencies: a
     burst, not a sustained load, so holding it says nothing about the rate (measured on 2 cores,
-    2026-12-02: 4 requests a point let core binding "hold" 4.5 requests/s and a trace 462)."""
+    2026-12-02: 4 requests a point let core binding "hold" 4.5 requests/s and a trace 462). The search
+    stops there: what held and broke below it stands; above it, points of this size cannot judge."""
 MAX_HALVINGS = 6         # no lower than start / 64: below it a point's requests span 64 times longer
 
 
@@ -74,6 +75,7 @@ class Goodput:
     converged: bool           # the bounds are within the tolerance
     slo: dict[str, float]
     points: list[Point] = field(default_factory=list)
+    burst: str | None = None  # why the search stopped short: a point that held only as a burst
 
     def as_dict(self) -> dict:
         return {**asdict(self), "bounds": list(self.bounds)}
@@ -109,24 +111,27 @@ def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tole
                               f"with room for them")
         return points[-1].held
 
-    lo, hi, rate = None, None, start
-    if holds(rate):
-        lo = rate
-        while hi is None and len(points) < max_points:
-            rate *= 2
-            lo, hi = (rate, None) if holds(rate) else (lo, rate)
-    else:
-        hi = rate
-        while lo is None and len(points) < max_points and rate > start / 2 ** MAX_HALVINGS:
-            rate /= 2
-            lo, hi = (rate, hi) if holds(rate) else (None, rate)
-    while lo is not None and hi is not None and (hi - lo) / hi > tolerance and len(points) < max_points:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    lo, hi, rate, burst = None, None, start, None
+    try:
+        if holds(rate):
+            lo = rate
+            while hi is None and len(points) < max_points:
+                rate *= 2
+                lo, hi = (rate, None) if holds(rate) else (lo, rate)
+        else:
+            hi = rate
+            while lo is None and len(points) < max_points and rate > start / 2 ** MAX_HALVINGS:
+                rate /= 2
+                lo, hi = (rate, hi) if holds(rate) else (None, rate)
+        while lo is not None and hi is not None and (hi - lo) / hi > tolerance and len(points) < max_points:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    except Unsustained as e:   # the burst point is neither bound: lo and hi are what loads said
+        burst = str(e)
     converged = lo is not None and hi is not None and (hi - lo) / hi <= tolerance
     return Goodput(rate=round(crossing(points, lo, hi, slo), 6),
                    bounds=(round(lo or 0.0, 6), None if hi is None else round(hi, 6)),
-                   converged=converged, slo=slo.bounds(), points=points)
+                   converged=converged, slo=slo.bounds(), points=points, burst=burst)
 
 
 def crossing(points: list[Point], lo: float | None, hi: float | None, slo: Slo) -> float:

@@ -125,10 +125,9 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
     if workload.rate_points() < 2:
         raise TrialFailure("bad_output", f"{workload.where(workload.prompt_split)}: goodput needs at least two "
                                          f"fresh draws of {workload.num_prompts} requests on one server")
-    try:
-        found = goodput.search(measure, workload.slo(), workload.start_rate(), max_points=workload.rate_points())
-    except goodput.Unsustained as e:
-        raise TrialFailure("bad_output", f"goodput: {e}") from None
+    found = goodput.search(measure, workload.slo(), workload.start_rate(), max_points=workload.rate_points())
+    if found.burst and (found.rate == 0 or found.bounds[1] is None):   # no load both held and broke
+        raise TrialFailure("bad_output", f"goodput: {found.burst}")
     if found.rate == 0:   # no figure to compare: the SLOs are out of this config's reach on this host
         lowest = found.points[-1]
         raise TrialFailure("bad_output", f"no rate held the SLOs: the lowest tried, {lowest.rate:g} requests/s, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -356,14 +357,27 @@ def test_a_split_too_small_for_two_goodput_rate_points_is_refused_naming_the_min
 def test_a_point_that_held_only_as_a_burst_stops_the_search_naming_the_requests_needed():
     """4 requests of 10 s each at 1 a second arrive within 4 s: whatever held there was a burst, not a
     load (on 2 cores such points let core binding "hold" 4.5 requests/s and a trace 462)."""
-    from sandbox.goodput import Unsustained
-
     def measure(rate):
         r = figures(ttft_p99=100.0, requests=4)
         return BenchResult(**{**r.__dict__, "latency_ms": {"p50": 10_000.0, "p99": 12_000.0}})
 
-    with pytest.raises(Unsustained, match=r"4 requests arrived over 4.0 s, less than 3 of their median latencies "
-                                          r"\(10.0 s\): a burst, not a load; measure about 60 or more"):
-        search(measure, Slo(ttft_p99_ms=200), start=1.0)
+    found = search(measure, Slo(ttft_p99_ms=200), start=1.0)
+    assert found.rate == 0 and found.bounds == (0.0, None) and len(found.points) == 1
+    assert re.search(r"4 requests arrived over 4.0 s, less than 3 of their median latencies \(10.0 s\): a burst, not "
+                     r"a load; measure about 60 or more", found.burst)
     slow = lambda rate: BenchResult(**{**figures(100.0, requests=4).__dict__, "latency_ms": {"p50": 100.0}})
     assert search(slow, Slo(ttft_p99_ms=200), start=1.0, max_points=3).points[0].held   # 4 s of arrivals, 0.1 s each
+
+
+def test_a_burst_above_a_bracket_of_loads_keeps_the_bracket():
+    """A fast config: loads held at 0.5 and 1 requests/s and broke at 2; at 1.5 its 4 requests arrived
+    within 3 of their latencies, a burst. The bracket [1, 2] the loads gave stands (core binding on
+    2 cores, 2026-12-03: held 1.2 as a load, broke 2.4, held 1.8 only as a burst)."""
+    def measure(rate):
+        r = figures(ttft_p99=100.0 if rate < 2 else 400.0, requests=4)
+        return BenchResult(**{**r.__dict__, "latency_ms": {"p50": 1000.0 * rate, "p99": 1200.0 * rate}})
+
+    found = search(measure, Slo(ttft_p99_ms=200), start=0.5)
+    assert [p.rate for p in found.points] == [0.5, 1.0, 2.0, 1.5] and found.bounds == (1.0, 2.0)
+    assert not found.converged and 1.0 <= found.rate < 2.0 and "at 1.5 requests/s" in found.burst
+    assert search(lambda rate: figures(100.0 if rate < 2 else 400.0), Slo(ttft_p99_ms=200), start=0.5).burst is None
