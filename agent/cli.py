@@ -369,17 +369,17 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
                   + (f"; max-model-len {context} (longest request {longest} tokens"
                      f"{f', the model allows {tokens.limit}' if tokens.limit else ''})" if context else ""),
                   highlight=False)
-    engine = engine_info()
+    engine, host = engine_info(), hardware()
     named = {**settings, "quality": quality, "sampler": sampler}   # the options under the dataclasses' names
     used = Settings(model=model, workload=meter.as_dict(), quality_text=quality_set.text_path, home=home,
                     gate=GateSettings(**{f.name: named[f.name] for f in fields(GateSettings) if f.name in named},
                                       noise_prior=Noise(*space.noise_prior)),
-                    facts=_facts(hardware(), meter),
+                    facts=_facts(host, meter),
                     **{f.name: named[f.name] for f in fields(Settings) if f.name in named
                        and f.name not in ("model", "workload", "quality_text", "home", "gate", "facts")})
     return ledger.add(ledgers.Run(
         id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
-        model=model, model_revision=revision, engine=engine["name"], engine_version=engine["version"], hardware=hardware(),
+        model=model, model_revision=revision, engine=engine["name"], engine_version=engine["version"], hardware=host,
         space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
         repo=str(proposals.working_dir),
         settings={**stored(used), "budget_s": budget_s, "budget": budget_text, "max_model_len": context,

@@ -73,17 +73,11 @@ def settings_of(run: Run) -> Settings:
     return Settings(**{**kept, "gate": gate, "home": Path(o["home"]) if o.get("home") else None})
 
 
-# A run row written before the settings were stored as used: flat options, some under other names,
-# and a run older still lacks the newer ones, which take today's defaults.
-_OLD = {"quality": "default", "baseline_instances": 2, "repeats": 2, "seed": 0, "sampler_per_planner": 1,
-        "sampler": "tpe", "max_trials": None, "recheck": True, "drift_every": 10, "one_knob_start": False,
-        "noise_prior": [0.0, 0]}   # a run from before the prior keeps judging without it
-
-
 def _written_before_2026_12_03(o: dict, workload: str) -> Settings:
-    o = {**_OLD, **o}
+    """A run row written before the settings were stored as used: flat options, the workload under
+    `workload_spec`, the prior as [sd, df]; a run older still lacks the newer ones: their defaults."""
     gate = GateSettings(**{f.name: o[f.name] for f in fields(GateSettings) if f.name in o and f.name != "noise_prior"},
-                        noise_prior=Noise(*o["noise_prior"]))
+                        **({"noise_prior": Noise(*o["noise_prior"])} if "noise_prior" in o else {}))
     kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o and f.name not in ("model", "workload", "gate",
                                                                                            "home", "facts")}
     return Settings(model=o.get("model", ""), workload=o.get("workload_spec") or workload, gate=gate,

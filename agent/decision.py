@@ -113,8 +113,9 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
     times: list[float] = []
     measured: list[TrialResult] = []
 
-    def instance(target: Trial, suffix: str, like: Trial = row) -> float:
-        """One fresh server of `target` measured on the held-out prompts: its figure."""
+    def instance(target: Trial, n: int, like: Trial = row) -> float:
+        """The n-th fresh server of `target` measured on the held-out prompts: its figure."""
+        suffix = f"-{n}" if target is row else ""   # an extra instance of the defaults is its row's only one
         # As long as the slowest held-out instance so far, or as the config's own measured phases: an
         # instance of the defaults can be slower than the candidate's (a fresh clone's was killed at
         # its deadline when the candidate's held-out time stood for it).
@@ -129,7 +130,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
         if not result.ok:
             raise MeasureFailed(f"a held-out instance failed: {result.failure.klass}: {result.failure.message[:200]}")
         measured.append(result)
-        ledger.add_repeats(target.id, int(suffix.lstrip("-") or 1), result.bench.repeats_tps)
+        ledger.add_repeats(target.id, n, result.bench.repeats_tps)
         return result.bench.value
 
     defaults_row = next(t for t in history if t.source == "baseline")
@@ -139,7 +140,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
                                  flags=defaults_row.flags, env=defaults_row.env, lossless=True,
                                  rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
-            tps = instance(extra, "", like=max((t for t in history if t.source in ("baseline", "aa")
+            tps = instance(extra, 1, like=max((t for t in history if t.source in ("baseline", "aa")
                                                 and t.status == "ok"), key=lambda t: budget.heldout_instance_s(t.timings)))
         except MeasureFailed as e:
             finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
@@ -152,12 +153,12 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
 
     counter = iter(range(2, 1000))
     try:
-        first = instance(row, "-1")
+        first = instance(row, 1)
     except MeasureFailed as e:
         ledger.update(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
         return False
     first_s = times[0]
-    decision = gate.decide(first, base, ctx.settings.gate, lambda: instance(row, f"-{next(counter)}"),
+    decision = gate.decide(first, base, ctx.settings.gate, lambda: instance(row, next(counter)),
                            more_defaults, row.tps_ratio)
     c = decision.comparison
     values = sorted(decision.candidate)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from agent.context import settings_of
+from agent.context import Settings, settings_of
 from agent.gate import unit
 from agent.ledger import Run, Trial
 
@@ -25,7 +25,8 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
     config = "# Serving config proposed by agent; see results.json for how it was measured.\n"
     config += yaml.safe_dump(trial.flags, sort_keys=False)
     exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(trial.env.items()))
-    template = _spec(run).get("chat_template")   # served as measured
+    used = settings_of(run)
+    template = _spec(used).get("chat_template")   # served as measured
     template_text = _read(template) if template else None
     launch = (
         "#!/bin/sh\n"
@@ -47,7 +48,7 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "heldout_tps": trial.heldout_tps, "heldout_ratio": trial.heldout_ratio,
         "heldout_interval": trial.heldout_interval, "heldout_instances": trial.heldout_instances,
         "search_interval": trial.search_interval, "noise_log_sd": run.noise, "noise_df": run.noise_df,
-        "noise_prior": settings_of(run).gate.noise_prior.as_dict(),
+        "noise_prior": used.gate.noise_prior.as_dict(),
         "greedy_rule": trial.rule, "flips": trial.flips, "calibration": {k: v for k, v in (run.calibration or {}).items()
                                                                           if k not in ("engine_defaults", "plan")},
         "ppl": trial.ppl, "ppl_change": trial.ppl_change, "baseline_ppl": run.baseline_ppl,
@@ -99,14 +100,13 @@ def message(run: Run, trial: Trial) -> str:
 
 def run_meter(run: Run) -> dict:
     """The run's meter as its trials record it (name, version, split and traffic summary)."""
-    return {"name": run.workload, "meter_version": _spec(run).get("meter_version"),
+    return {"name": run.workload, "meter_version": _spec(settings_of(run)).get("meter_version"),
             **((run.settings or {}).get("traffic") or {})}
 
 
-def _spec(run: Run) -> dict:
+def _spec(used: Settings) -> dict:
     """The run's workload as it was measured (a run from before it was stored: {})."""
-    workload = settings_of(run).workload
-    return workload if isinstance(workload, dict) else {}
+    return used.workload if isinstance(used.workload, dict) else {}
 
 
 def traffic_line(meter: dict, given: dict | None = None) -> str:
