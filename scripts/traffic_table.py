@@ -47,7 +47,11 @@ GPU = {
     "configs": {"defaults": ({}, {}),
                 "ngram": ({"speculative-config": NGRAM}, {}),
                 "ngram_gpu+async": ({"speculative-config": {**NGRAM, "method": "ngram_gpu"}, "async-scheduling": True},
-                                    {})},
+                                    {}),
+                # the draft-model path with the target as its own draft (same tokenizer by construction):
+                # no smaller Gemma is reachable here, so this tests the path and claims no gain
+                "draft-self": ({"speculative-config": {"method": "draft_model", "model": "MODEL",
+                                                       "num_speculative_tokens": 4}}, {})},
     "workloads": ["challenge-short", "default", "chat-cpu"],
 }
 # The levers a GPU expert tries first on one stream of short sampled requests (issue 25), each
@@ -112,6 +116,8 @@ def main() -> int:
         parser.error(f"--only: {', '.join(unknown)} not in this plan ({', '.join(plan['configs'])})")
     for config in names:
         flags, env = plan["configs"][config]
+        if flags.get("speculative-config", {}).get("model") == "MODEL":
+            flags = {**flags, "speculative-config": {**flags["speculative-config"], "model": args.model}}
         server = Server(args.model, argv_of({**fixed_flags, **flags}) + ["--chat-template", str(DATA / "traffic" / "gemma-chat.jinja")],
                         {**fixed_env, **env}, out / f"{config}.server.log")
         try:
