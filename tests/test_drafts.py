@@ -1,8 +1,10 @@
 """Draft models: only listed ones, only with the target's vocabulary, and they reach vLLM's JSON flag."""
 
+import optuna
 import pytest
 
 from agent import drafts, space as spaces
+from sandbox.spec import argv_of
 
 TARGET = {"<bos>": 2, "hello": 10, "world": 11}
 
@@ -39,3 +41,23 @@ def test_listed_drafts_become_choices_and_reach_the_speculative_config_flag():
     # ngram keeps its own lookup knobs; a draft model does not take them.
     assert space.problems({**point, "speculative-config.prompt_lookup_min": 2})
     assert drafts.add_drafts(spaces.load("vllm-cpu"), []).hash == spaces.load("vllm-cpu").hash
+
+
+def test_a_draft_model_point_keeps_every_layer_in_one_kv_cache_group_and_other_points_do_not():
+    """vLLM refuses a draft whose layers fall into two KV cache groups (Gemma 3: sliding-window and
+    full attention; seen on the H200), unless the hybrid KV cache manager is off for that server."""
+    space = drafts.add_drafts(spaces.load("vllm-gpu"), ["/models/draft"])
+    sampled = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    points = [space.sample(sampled.ask()) for _ in range(60)]
+    drafting = [p for p in points if p["speculative-config.method"] == "draft_model"]
+    others = [p for p in points if p["speculative-config.method"] != "draft_model"]
+    assert drafting and others
+    for point in drafting:
+        assert "--disable-hybrid-kv-cache-manager" in argv_of(space.to_flags_env(point)[0])
+    for point in others:
+        assert not any("hybrid" in a for a in argv_of(space.to_flags_env(point)[0]))
+    # a proposal that names the method alone gets the flag from the sampler, as an enqueued trial does
+    study = optuna.create_study()
+    study.enqueue_trial({"speculative-config.method": "draft_model", "speculative-config.model": "/models/draft"},
+                        skip_if_exists=False)
+    assert space.sample(study.ask())[drafts.ONE_CACHE_GROUP] is True
