@@ -11,6 +11,8 @@ single-knob starts (the same planner and TPE with those off), and `one-knob`: `a
     .venv/bin/python scripts/bench_search.py real --trials 5
     # the simulated engine (scripts/sim_engine.py), many seeds, seconds:
     .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 20
+    # the H200's measured one-stream levers (scripts/sim_engine.py SimulatedGPU), greedy or sampled traffic:
+    .venv/bin/python scripts/bench_search.py simulated --space vllm-gpu --traffic greedy --trials 12 --seeds 10 --arms planner+tpe tpe
     # before and after the search issue's features, with the simulated wall time to 95% of the best:
     .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 10 --arms before planner+tpe one-knob
 
@@ -48,6 +50,9 @@ ARMS = {  # name: (planner, sampler, the search features on)
 }
 
 
+SAMPLED_SHARE = {"greedy": 0.0, "sampled": 0.6}   # the challenge meter's, the realistic default's
+
+
 def new_run(ledger: Ledger, run_id: str, space, home: Path, repo, hours: float) -> Run:
     now = datetime.now(timezone.utc)
     return ledger.add(Run(id=run_id, deadline_at=(now + timedelta(hours=hours)).isoformat(timespec="seconds"),
@@ -83,7 +88,8 @@ def settings_for(args, arm: str, model: str, max_trials: int, space) -> Settings
                     gate=GateSettings(noise_prior=Noise(*space.noise_prior)),
                     sampler=ARMS[arm][1], max_trials=max_trials, preflight=bool(ARMS[arm][2]),
                     prune=bool(ARMS[arm][2]), one_knob_start=ARMS[arm][2] == "one-knob",
-                    facts={"cpus": len(__import__("os").sched_getaffinity(0)), "concurrency": 1})
+                    facts={"cpus": len(__import__("os").sched_getaffinity(0)), "concurrency": 1,
+                           "sampled_share": SAMPLED_SHARE[args.traffic]})
 
 
 def real(args, out: Path) -> dict[str, list[list[float]]]:
@@ -109,7 +115,7 @@ def real(args, out: Path) -> dict[str, list[list[float]]]:
 
 
 def simulated(args, out: Path) -> dict[str, list[list[float]]]:
-    from sim_engine import SimulatedEngine
+    from sim_engine import SimulatedEngine, SimulatedGPU
 
     curves: dict[str, list[list[float]]] = {arm: [] for arm in args.arms}
     clocks: dict[str, list[list[float]]] = {arm: [] for arm in args.arms}
@@ -121,7 +127,9 @@ def simulated(args, out: Path) -> dict[str, list[list[float]]]:
             run = new_run(ledger, arm, space, home, repo, hours=1)
             s = settings_for(args, arm, "simulated", args.trials, space)
             s.seed = seed
-            engine, at = SimulatedEngine(seed=seed), {}
+            engine = SimulatedGPU(seed=seed, traffic=args.traffic) if args.space == "vllm-gpu" else \
+                SimulatedEngine(seed=seed)
+            at: dict = {}
 
             def note(event, **info):   # the simulated clock when each trial's result was known
                 if event == "result":
@@ -189,6 +197,8 @@ def main() -> None:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("--space", default="vllm-cpu")
     p.add_argument("--workload", default="smoke")
+    p.add_argument("--traffic", choices=list(SAMPLED_SHARE), default="greedy",
+                   help="simulated --space vllm-gpu: the H200's figures on greedy (challenge) or sampled traffic")
     p.add_argument("--quality", default="quick")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--baseline-instances", type=int, default=2)

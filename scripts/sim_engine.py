@@ -73,6 +73,12 @@ class SimulatedEngine:
                 tps *= factor
         return tps
 
+    def start_refused(self, flags: dict) -> str | None:
+        """A refusal only engine initialisation raises, after a start's worth of time."""
+        if flags.get("block-size") == 32 and flags.get("enable-prefix-caching") is False:
+            return START_REFUSAL
+        return None
+
     def greedy(self, lossy: bool) -> list[dict]:
         out = []
         for p in range(PROMPTS):
@@ -100,8 +106,7 @@ class SimulatedEngine:
         flags, env = spec["flags"], spec["env"]
         on_phase("start")
         start_s = self.rng.uniform(*self.start_range)
-        for said in (config_refused(flags), START_REFUSAL if flags.get("block-size") == 32
-                     and flags.get("enable-prefix-caching") is False else None):
+        for said in (config_refused(flags), self.start_refused(flags)):
             if said:
                 self.clock += start_s / 2
                 return TrialResult(status="failed", failed_phase="start", timings={"start_s": start_s / 2},
@@ -143,3 +148,49 @@ class SimulatedEngine:
             quality=None if spec.get("quality") == "none" else Quality(ppl=ppl, greedy=self.greedy(lossy)),
             metrics={"kv_cache_usage_max": 0.01, "requests_waiting_max": 0},
             timings=timings, engine={"name": "simulated", "version": "0"}, hardware={"kind": "cpu"})
+
+
+# The H200's one-stream figures (docs/results.md, 2026-12-03): ratios to the defaults on the
+# realistic default (sampled, ending at stop strings) and on the challenge meter (greedy, fixed
+# length), each measured on fresh vLLM 0.26 servers. Speculation's gain is the traffic's: ngram_gpu
+# k=4/8/16 is 1.23-1.54x/1.81x/1.46x greedy and 0.45x/0.56x/0.55x sampled; CPU-side ngram turns
+# async scheduling off (0.92x) on top.
+H200 = {"async-off": (0.917, 0.880), "full-decode-only": (0.904, 0.954), "triton-attn": (0.883, 0.898),
+        "eager": (0.08, 0.08)}   # eager: one sampler point (eager, fp8 cache) pruned at 0.08x on the H200
+H200_SPEC = {"greedy": {4: 1.40, 8: 1.81, 16: 1.46}, "sampled": {4: 0.453, 8: 0.564, 16: 0.55}}
+GPU_START_REFUSAL = "NotImplementedError: FlashInfer backend on SM90 currently crashes with sliding-window attention layers"
+
+
+class SimulatedGPU(SimulatedEngine):
+    """The H200 at one stream, on greedy (the challenge meter) or sampled traffic (the realistic default):
+    the measured levers above, FlashInfer refused at start as it is for Gemma 3 on SM90, and every
+    other knob worth nothing at one stream (batch limits, prefix caching and block size only matter
+    under load). Starts of 90-150 s, the quality phase 20 s."""
+
+    def __init__(self, seed: int = 0, traffic: str = "greedy", noise: float = 0.07, **kw):
+        super().__init__(seed=seed, noise=noise, start_s=(90.0, 150.0), quality_s=20.0, **kw)
+        self.traffic = traffic
+
+    def speed(self, flags: dict, env: dict) -> float:
+        column = 0 if self.traffic == "sampled" else 1
+        tps = 400.0
+        tps *= H200["async-off"][column] if flags.get("async-scheduling") is False else 1.0
+        tps *= H200["eager"][column] if flags.get("enforce-eager") else 1.0
+        mode = (flags.get("compilation-config") or {}).get("cudagraph_mode")
+        tps *= H200["full-decode-only"][column] if mode == "FULL_DECODE_ONLY" else 0.9 if mode in ("NONE", "PIECEWISE") else 1.0
+        tps *= H200["triton-attn"][column] if flags.get("attention-backend") == "TRITON_ATTN" else 1.0
+        spec_cfg = flags.get("speculative-config") or {}
+        if spec_cfg.get("method") in ("ngram", "ngram_gpu"):
+            k = spec_cfg.get("num_speculative_tokens", 4)
+            points = H200_SPEC[self.traffic]
+            below, above = max((p for p in points if p <= k), default=4), min((p for p in points if p >= k), default=16)
+            share = 0.0 if above == below else (k - below) / (above - below)
+            gain = points[below] + share * (points[above] - points[below])
+            if k < 4:   # shorter drafts: less to gain and less to lose
+                gain = 1.0 + (points[4] - 1.0) * k / 4
+            off = spec_cfg["method"] == "ngram" and flags.get("async-scheduling") is not False   # ngram turns it off
+            tps *= gain * (H200["async-off"][column] if off else 1.0)
+        return tps
+
+    def start_refused(self, flags: dict) -> str | None:
+        return GPU_START_REFUSAL if flags.get("attention-backend") == "FLASHINFER" else None

@@ -39,7 +39,13 @@ CPU = {
     "configs": {"defaults": ({}, {}),
                 "binding": ({}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}),
                 "binding+ngram": ({"speculative-config": NGRAM}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}),
-                "no-prefix-cache": ({"enable-prefix-caching": False}, {})},
+                "no-prefix-cache": ({"enable-prefix-caching": False}, {}),
+                # the draft-model path (the target as its own draft), with and without one KV cache group
+                "draft-self": ({"speculative-config": {"method": "draft_model", "model": "MODEL",
+                                                       "num_speculative_tokens": 4},
+                                "disable-hybrid-kv-cache-manager": True}, {}),
+                "draft-self-hybrid": ({"speculative-config": {"method": "draft_model", "model": "MODEL",
+                                                              "num_speculative_tokens": 4}}, {})},
     "workloads": ["challenge-cpu", "default-cpu", "chat-cpu"],
 }
 GPU = {
@@ -51,7 +57,10 @@ GPU = {
                 # the draft-model path with the target as its own draft (same tokenizer by construction):
                 # no smaller Gemma is reachable here, so this tests the path and claims no gain
                 "draft-self": ({"speculative-config": {"method": "draft_model", "model": "MODEL",
-                                                       "num_speculative_tokens": 4}}, {})},
+                                                       "num_speculative_tokens": 4},
+                                "disable-hybrid-kv-cache-manager": True}, {}),   # as agent/drafts.py sets it
+                "draft-self-hybrid": ({"speculative-config": {"method": "draft_model", "model": "MODEL",
+                                                              "num_speculative_tokens": 4}}, {})},
     "workloads": ["challenge-short", "default", "chat-cpu"],
 }
 # The levers a GPU expert tries first on one stream of short sampled requests (issue 25), each
