@@ -76,6 +76,20 @@ def _tried(history: list[Trial]) -> set[str]:
     return {key(t) for t in history if t.status != "interrupted"} | {k for k, n in interrupted.items() if n > 1}
 
 
+# Prompt lookup pays where answers repeat their context. The defaults' own answers on the search
+# split say how much they do (sandbox.bench.lookup_hits, in words); below this share speculation is
+# not a first move (the sampler may still draw it). Before the defaults measured it (older ledgers),
+# the traffic's sampled share stands in: sampled, EOS-terminated answers seldom repeat.
+REPEAT_MIN = 0.3
+
+
+def _defaults_repeat_share(history: list[Trial]) -> float | None:
+    """The mean repeat share of the defaults' measured instances, or None if none measured it."""
+    shares = [t.measured["repeat_share"] for t in history if t.source in ("baseline", "aa", "drift")
+              and t.status == "ok" and (t.measured or {}).get("repeat_share") is not None]
+    return sum(shares) / len(shares) if shares else None
+
+
 def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
     """The best config already speculates: tune its draft length k by what it measured. CPU ngram by its
     acceptance rate (longer drafts when most are accepted, shorter when most are wasted). ngram_gpu runs
@@ -175,7 +189,8 @@ class BuiltinPlanner:
         # the CPU (acceptance 4-46%, against 90% on greedy loops): not a first move there, though the
         # sampler may still draw it.
         method = start.get("speculative-config.method", "none")
-        if facts.get("sampled_share", 0) > 0.5 and method == "none":
+        repeats = _defaults_repeat_share(history)
+        if method == "none" and (repeats < REPEAT_MIN if repeats is not None else facts.get("sampled_share", 0) > 0.5):
             return
         if method == "none":
             # On a GPU the drafter runs on the device and keeps async scheduling, which the defaults
@@ -183,9 +198,11 @@ class BuiltinPlanner:
             gpu = "ngram_gpu" in space.knobs["speculative-config.method"].choices
             drafter = {"speculative-config.method": "ngram_gpu", "async-scheduling": True} if gpu else \
                 {"speculative-config.method": "ngram"}
+            evidence = (f"the defaults' answers repeat their context for {repeats:.0%} of their words, as prompt "
+                        f"lookup sees it" if repeats is not None else "mostly greedy")
             yield ({**start, **drafter, "speculative-config.num_speculative_tokens": 4,
                     "speculative-config.prompt_lookup_min": 2, "speculative-config.prompt_lookup_max": 4},
-                   f"the workload runs {facts.get('concurrency', 1)} stream(s) at a time, mostly greedy, where each "
+                   f"the workload runs {facts.get('concurrency', 1)} stream(s) at a time, {evidence}, and each "
                    f"decode step is mostly overhead; {drafter['speculative-config.method']} speculation (k=4, "
                    f"lookup 2..4) on top of {basis}", "fewer decode steps per token when outputs repeat their context")
             return

@@ -32,6 +32,8 @@ class RequestResult:
     finish: str | None = None      # eos, stop (a stop string or token), length, or the server's word
     exact_tokens: int | None = None  # with ignore_eos: the count it must return
     bad_answer: bool = False         # 200 OK, but not a stream of the API's chunks (bad output, not a refusal)
+    repeat_hits: int = 0             # output words a prompt lookup would have drafted right (lookup_hits)
+    repeat_words: int = 0
 
 
 @dataclass
@@ -49,6 +51,8 @@ class BenchResult:
     finish: dict[str, int] = field(default_factory=dict)   # how the requests ended: eos, stop, length
     draw_hash: str | None = None                           # the requests measured (sandbox.traffic.keys_hash)
     tpot_ms: dict[str, float] = field(default_factory=dict)  # per request: (latency - TTFT) / (tokens - 1)
+    repeat_hits: int = 0      # over the answered requests: output words a prompt lookup drafts right
+    repeat_words: int = 0
     # The values behind each latency field, in seconds, so repeats pool into one percentile; not written out.
     samples: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
@@ -186,6 +190,7 @@ async def one_request(session, base_url: str, model: str, request: Request,
         result.output_tokens = int(output.output_tokens or 0)
         result.ttft_s = output.ttft + waited
         result.itl_s = list(output.itl)
+        result.repeat_hits, result.repeat_words = lookup_hits(_context(request), output.generated_text or "")
     elif tap.stream_error:
         result.error = tap.stream_error
     elif tap.status not in (None, 200):
@@ -195,6 +200,36 @@ async def one_request(session, base_url: str, model: str, request: Request,
         result.error = (("bad answer: " if result.bad_answer else "") +
                         (output.error.strip().splitlines() or ["no answer"])[-1])[:300]
     return result
+
+
+_WORD = re.compile(r"\S+")
+
+
+def lookup_hits(context: str, output: str, n: int = 2) -> tuple[int, int]:
+    """How repetitive an answer is, as prompt lookup (vLLM's ngram speculation) sees it, in words: of
+    the output's words, those that follow the last n words where those n words occurred before, in
+    the prompt or the output so far, followed by this same word. Returns (hits, output words).
+    Greedy loops score near 1, fresh sampled prose near 0; tokens are finer than words, so this
+    ranks traffic for speculation rather than predicting its acceptance rate."""
+    before, words = _WORD.findall(context), _WORD.findall(output)
+    seen = before + words
+    last: dict[tuple, int] = {}   # each n-gram's latest end position so far
+    for i in range(n, len(before) + 1):
+        last[tuple(seen[i - n:i])] = i
+    hits = 0
+    for i in range(len(before), len(seen)):
+        key = tuple(seen[i - n:i]) if i >= n else None
+        at = last.get(key) if key else None
+        hits += at is not None and at < i and seen[at] == seen[i]
+        if key:
+            last[key] = i
+    return hits, len(words)
+
+
+def _context(request: Request) -> str:
+    if request.endpoint == "chat":
+        return "\n".join(str(m.get("content", "")) for m in request.body.get("messages", []))
+    return str(request.body.get("prompt", ""))
 
 
 def _finish(choice: dict) -> str:
@@ -322,6 +357,8 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
         finish=finish,
         draw_hash=keys_hash(requests),
         tpot_ms=percentiles(samples["tpot_ms"]),
+        repeat_hits=sum(r.repeat_hits for r in ok),
+        repeat_words=sum(r.repeat_words for r in ok),
         samples=samples,
     )
 

@@ -61,6 +61,13 @@ class Figures:
     goodput: dict | None = None          # sandbox.goodput.Found.as_dict() under the objective goodput
     points_tps: list[float] | None = None
     hash: str | None = None              # the held-out split's hash, on bench_heldout
+    repeat_hits: int = 0                 # output words a prompt lookup drafts right (sandbox.bench.lookup_hits)
+    repeat_words: int = 0
+
+    @property
+    def repeat_share(self) -> float | None:
+        """How much of what this server answered repeats its context, as prompt lookup sees it."""
+        return round(self.repeat_hits / self.repeat_words, 3) if self.repeat_words else None
 
     @property
     def value(self) -> float:

@@ -308,6 +308,7 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
                       "wall_s": round(wall, 3), "requests": sum(r.requests for r in reps), "finish": finish,
                       "objective": objective, "figure": figure,
                       "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
+                      "repeat_hits": sum(r.repeat_hits for r in reps), "repeat_words": sum(r.repeat_words for r in reps),
                       "repeats_tps": [r.tps for r in reps], "draw_hashes": [r.draw_hash for r in reps]})
 
 

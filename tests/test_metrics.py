@@ -28,3 +28,16 @@ def test_counters_are_differences_and_acceptance_is_derived():
 def test_labels_are_summed():
     text = '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{a="1"} 2\nvllm:num_requests_waiting{a="2"} 3\n'
     assert metrics.parse(text)["vllm:num_requests_waiting"] == 5.0
+
+
+def test_lookup_hits_counts_the_words_prompt_lookup_would_draft_right():
+    from sandbox.bench import lookup_hits
+
+    loop = "the cat sat on the mat. " * 6
+    hits, words = lookup_hits("Write about cats.", loop)
+    # a greedy loop of 6 words, 6 times: all but its first pass and the two words that first close it
+    assert (hits, words) == (28, 36)
+    assert lookup_hits("Write about cats.", "Quiet rivers bend where old stones gather moss") == (0, 8)
+    # the prompt's own bigram "about cats" followed by "and": an answer that copies it scores that word
+    assert lookup_hits("tell me about cats and dogs", "about cats and") == (1, 3)
+    assert lookup_hits("", "") == (0, 0)

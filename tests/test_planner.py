@@ -65,6 +65,23 @@ def test_on_a_gpu_speculation_is_ngram_gpu_with_async_scheduling_and_k_follows_t
     assert [p.params["speculative-config.num_speculative_tokens"] for p in say(tried, sampled_share=0.0)] == [8]
 
 
+def test_the_defaults_own_answers_decide_speculation_over_the_traffics_sampled_share():
+    """Sampled traffic whose answers repeat their context (the defaults measured it) gets speculation;
+    greedy traffic whose answers do not, none; the rationale cites the measured share."""
+    gpu = spaces.load("vllm-gpu")
+    say = lambda history, **facts: BuiltinPlanner().propose(gpu, RUN, history, {"concurrency": 1, **facts}, k=5)  # noqa: E731
+
+    def defaults(share):
+        return Trial(number=0, params={}, metrics={}, tps=10, status="ok", source="baseline",
+                     measured={"repeat_share": share})
+
+    (move,) = say([defaults(0.62), defaults(0.58)], sampled_share=0.9)
+    assert move.params["speculative-config.method"] == "ngram_gpu" and "60% of their words" in move.rationale
+    assert not say([defaults(0.05), defaults(0.07)], sampled_share=0.0)
+    assert say([Trial(number=0, params={}, metrics={}, tps=10, status="ok", source="baseline", measured={})],
+               sampled_share=0.0)   # not measured (an older ledger): the sampled share decides, as before
+
+
 def test_batching_and_kv_moves_cite_the_metric_that_triggered_them():
     queued = propose([trial(0, {}, {"kv_cache_usage_max": 0.1, "requests_waiting_max": 5})], concurrency=16)
     batch = next(p for p in queued if "max-num-seqs" in p.params)
