@@ -9,7 +9,8 @@ and the chat example: what the meter choice does to a config's ratio.
 One fresh server per config (the space's fixed flags, the workloads' context length, the shipped
 Gemma chat template); on it, for each workload, its warm-ups, then `--repeats` measured phases of
 fresh requests through the trial's own meter (sandbox.worker._measure). Prints one table with each
-config's TPS ratio to the defaults per workload, speculative acceptance, TTFT and ITL p99, and how
+config's TPS ratio to the defaults per workload, speculative acceptance, the answers' repeat share
+(sandbox.bench.lookup_hits), TTFT and ITL p99, and how
 the requests ended; writes it and rows.jsonl under runs/traffic-table/<stamp>/. A server instance is
 the unit of noise (±3-8% here, ±10% on the H200): a ratio within that says nothing.
 """
@@ -96,8 +97,10 @@ def measure(server: Server, name: str, repeats: int) -> dict:
             finish[k] = finish.get(k, 0) + v
     drafted = sum(m.get("spec_draft_tokens") or 0 for _, m in runs)
     accepted = sum(m.get("spec_accepted_tokens") or 0 for _, m in runs)
+    words = sum(b.repeat_words for b, _ in runs)
     return {"workload": name, "tps": round(statistics.median(tps), 3), "repeats_tps": tps,
             "acceptance": round(accepted / drafted, 3) if drafted else None,
+            "repeat_share": round(sum(b.repeat_hits for b, _ in runs) / words, 3) if words else None,
             "ttft_p50_ms": round(statistics.median(b.ttft_ms.get("p50", 0) for b, _ in runs), 1),
             "ttft_p99_ms": max(b.ttft_ms.get("p99", 0) for b, _ in runs),
             "itl_p99_ms": max(b.itl_ms.get("p99", 0) for b, _ in runs), "finish": finish,
@@ -143,12 +146,13 @@ def main() -> int:
         finally:
             server.stop(30)
     base = {r["workload"]: r["tps"] for r in rows if r["config"] == "defaults"}
-    lines = ["| config | workload | tok/s | ratio | acceptance | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | ended (eos/stop/length) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | workload | tok/s | ratio | acceptance | repeat share | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | ended (eos/stop/length) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['tps'] / base[r['workload']]:.3f}x" if base.get(r["workload"]) else "-"
         ended = "/".join(str(r["finish"].get(k, 0)) for k in ("eos", "stop", "length"))
         lines.append(f"| {r['config']} | {r['workload']} | {r['tps']:.2f} | {ratio} | {r['acceptance'] if r['acceptance'] is not None else '-'} "
+                     f"| {r['repeat_share'] if r['repeat_share'] is not None else '-'} "
                      f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['itl_p99_ms']:.0f} | {ended} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
