@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sandbox import bench, worker  # noqa: E402
+from sandbox.failures import TrialFailure  # noqa: E402
 from sandbox.server import Server  # noqa: E402
 from sandbox.spec import argv_of  # noqa: E402
 from sandbox.workload import DATA, load_workload  # noqa: E402
@@ -122,7 +123,7 @@ def main() -> int:
     out = ROOT / "runs" / "traffic-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
     fixed_flags, fixed_env = plan["fixed"]
-    rows = []
+    rows, refused = [], {}
     names = args.only.split(",") if args.only else list(plan["configs"])   # --only's order is the run's
     if unknown := [n for n in names if n not in plan["configs"]]:
         parser.error(f"--only: {', '.join(unknown)} not in this plan ({', '.join(plan['configs'])})")
@@ -134,8 +135,13 @@ def main() -> int:
                         {**fixed_env, **env}, out / f"{config}.server.log")
         try:
             began = time.monotonic()
-            server.start()
-            server.wait_ready(900)
+            try:
+                server.start()
+                server.wait_ready(900)
+            except TrialFailure as e:   # a config the engine refuses is a row too, and the next one runs
+                refused[config] = f"{e.klass}: {e.message}"
+                print(f"{config}: refused: {refused[config]}", flush=True)
+                continue
             print(f"{config}: ready in {time.monotonic() - began:.0f} s", flush=True)
             for name in plan["workloads"]:
                 row = {"config": config, **measure(server, name, plan.get("repeats", {}).get(name, args.repeats))}
@@ -154,6 +160,7 @@ def main() -> int:
         lines.append(f"| {r['config']} | {r['workload']} | {r['tps']:.2f} | {ratio} | {r['acceptance'] if r['acceptance'] is not None else '-'} "
                      f"| {r['repeat_share'] if r['repeat_share'] is not None else '-'} "
                      f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['itl_p99_ms']:.0f} | {ended} |")
+    lines += [f"| {config} | all | refused at start: {why[:300]} |" for config, why in refused.items()]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"written: {out}")
