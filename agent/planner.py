@@ -78,9 +78,14 @@ def _tried(history: list[Trial]) -> set[str]:
 
 # Prompt lookup pays where answers repeat their context. The defaults' own answers on the search
 # split say how much they do (sandbox.bench.lookup_hits, in words); below this share speculation is
-# not a first move (the sampler may still draw it). Before the defaults measured it (older ledgers),
-# the traffic's sampled share stands in: sampled, EOS-terminated answers seldom repeat.
-REPEAT_MIN = 0.3
+# not a first move (the sampler may still draw it). Measured (docs/results.md, 2026-12-04): on the
+# H200 the realistic default's answers repeat 43% and ngram_gpu k=4 ran 0.45x there (acceptance 13%);
+# challenge-short's repeat 84-87% and it ran 1.23-1.81x (61%): 0.6 lies between. On the CPU ngram
+# lost even at 67% (challenge-cpu: 0.64x against core binding alone, acceptance 72%) and at 20%
+# (0.75x), and no traffic has made it win: 0.8 is above every loss measured there, not a calibrated
+# win. Before the defaults measured it (older ledgers), the traffic's sampled share stands in:
+# sampled, EOS-terminated answers seldom repeat.
+REPEAT_MIN = {"gpu": 0.6, "cpu": 0.8}
 
 
 def _defaults_repeat_share(history: list[Trial]) -> float | None:
@@ -190,12 +195,13 @@ class BuiltinPlanner:
         # sampler may still draw it.
         method = start.get("speculative-config.method", "none")
         repeats = _defaults_repeat_share(history)
-        if method == "none" and (repeats < REPEAT_MIN if repeats is not None else facts.get("sampled_share", 0) > 0.5):
+        gpu = "ngram_gpu" in space.knobs["speculative-config.method"].choices
+        least = REPEAT_MIN["gpu" if gpu else "cpu"]
+        if method == "none" and (repeats < least if repeats is not None else facts.get("sampled_share", 0) > 0.5):
             return
         if method == "none":
             # On a GPU the drafter runs on the device and keeps async scheduling, which the defaults
             # already use (turning it off measured 0.92x on an H200); CPU ngram turns it off.
-            gpu = "ngram_gpu" in space.knobs["speculative-config.method"].choices
             drafter = {"speculative-config.method": "ngram_gpu", "async-scheduling": True} if gpu else \
                 {"speculative-config.method": "ngram"}
             evidence = (f"the defaults' answers repeat their context for {repeats:.0%} of their words, as prompt "

@@ -75,9 +75,14 @@ def test_the_defaults_own_answers_decide_speculation_over_the_traffics_sampled_s
         return Trial(number=0, params={}, metrics={}, tps=10, status="ok", source="baseline",
                      measured={"repeat_share": share})
 
-    (move,) = say([defaults(0.62), defaults(0.58)], sampled_share=0.9)
-    assert move.params["speculative-config.method"] == "ngram_gpu" and "60% of their words" in move.rationale
+    (move,) = say([defaults(0.66), defaults(0.62)], sampled_share=0.9)
+    assert move.params["speculative-config.method"] == "ngram_gpu" and "64% of their words" in move.rationale
     assert not say([defaults(0.05), defaults(0.07)], sampled_share=0.0)
+    # The H200's realistic default: its answers repeat 43% and ngram_gpu measured 0.45x there.
+    assert not say([defaults(0.43)], sampled_share=0.6)
+    # The CPU: ngram lost even at challenge-cpu's 67%; only answers that repeat more get it first.
+    cpu = lambda share: [p for p in propose([defaults(share)], sampled_share=0.0) if "speculative-config.method" in p.params]  # noqa: E731
+    assert not cpu(0.67) and cpu(0.85)[0].params["speculative-config.method"] == "ngram"
     assert say([Trial(number=0, params={}, metrics={}, tps=10, status="ok", source="baseline", measured={})],
                sampled_share=0.0)   # not measured (an older ledger): the sampled share decides, as before
 
