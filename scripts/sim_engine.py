@@ -79,6 +79,10 @@ class SimulatedEngine:
             return START_REFUSAL
         return None
 
+    def repeat_share(self) -> float | None:
+        """The answers' repeat share the meter records (None: not modelled for this engine's traffic)."""
+        return None
+
     def greedy(self, lossy: bool) -> list[dict]:
         out = []
         for p in range(PROMPTS):
@@ -137,8 +141,10 @@ class SimulatedEngine:
         if spec.get("heldout_bench"):
             timings["heldout_s"] = bench_s
         self.clock += sum(timings.values())
+        share = self.repeat_share()
         bench = Figures(tps=round(sorted(repeats)[len(repeats) // 2], 3), repeats_tps=repeats,
-                        ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0})
+                        ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0},
+                        repeat_hits=round(1000 * share) if share is not None else 0, repeat_words=1000 if share is not None else 0)
         return TrialResult(
             status="ok", log_path=str(trial_dir / "server.log"),
             bench_heldout=Figures(tps=round(tps * math.exp(self.rng.gauss(0.0, self.noise / 3)), 3))
@@ -158,6 +164,9 @@ class SimulatedEngine:
 H200 = {"async-off": (0.917, 0.880), "full-decode-only": (0.904, 0.954), "triton-attn": (0.883, 0.898),
         "eager": (0.08, 0.08)}   # eager: one sampler point (eager, fp8 cache) pruned at 0.08x on the H200
 H200_SPEC = {"greedy": {4: 1.40, 8: 1.81, 16: 1.46}, "sampled": {4: 0.453, 8: 0.564, 16: 0.55}}
+# The defaults' answers' repeat share on the H200 (docs/results.md, 2026-12-04), which the built-in
+# planner reads before it proposes speculation: challenge-short's and the realistic default's.
+H200_REPEAT_SHARE = {"greedy": 0.868, "sampled": 0.433}
 GPU_START_REFUSAL = "NotImplementedError: FlashInfer backend on SM90 currently crashes with sliding-window attention layers"
 
 
@@ -194,3 +203,6 @@ class SimulatedGPU(SimulatedEngine):
 
     def start_refused(self, flags: dict) -> str | None:
         return GPU_START_REFUSAL if flags.get("attention-backend") == "FLASHINFER" else None
+
+    def repeat_share(self) -> float | None:
+        return H200_REPEAT_SHARE[self.traffic]
