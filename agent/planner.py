@@ -98,8 +98,11 @@ def _defaults_repeat_share(history: list[Trial]) -> float | None:
 def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
     """The best config already speculates: tune its draft length k by what it measured. CPU ngram by its
     acceptance rate (longer drafts when most are accepted, shorter when most are wasted). ngram_gpu runs
-    under async scheduling, where vLLM 0.26 under-reports acceptance (vllm#37150): there by the speed
-    itself, doubling k from the best, then halving it; a k measured already is not proposed again."""
+    under async scheduling, where vLLM 0.26 over-counts drafted tokens and so under-reports the rate
+    (vllm#37150; the fix, vllm#44056, is not in 0.26): there by the mean acceptance length (accepted
+    tokens per draft, which that count does not enter) and the speed itself: doubling k first when
+    drafts are more than half accepted (3.65 of 4 on the H200's challenge meter, where k=8 then led),
+    halving it first when not; a k measured already is not proposed again."""
     knob = space.knobs["speculative-config.num_speculative_tokens"]
     low, high = int(knob.low), int(knob.high)
     best = max((t for t in history if t.params == start and t.status == "ok"), key=lambda t: t.number, default=None)
@@ -107,12 +110,16 @@ def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
     if best is None:
         return
     if start.get("speculative-config.method") == "ngram_gpu":
-        for new_k in (min(high, 2 * k), max(low, k // 2)):
+        length = (best.metrics or {}).get("spec_mean_acceptance_length")
+        longer = length is None or (length - 1) / k > 0.5
+        said = (f"its drafts' mean acceptance length is {length:.2f} of {k + 1}" if length is not None else
+                "its acceptance is under-reported under async scheduling (vllm#37150)")
+        for new_k in (min(high, 2 * k), max(low, k // 2)) if longer else (max(low, k // 2), min(high, 2 * k)):
             if new_k != k:
                 yield ({**start, "speculative-config.num_speculative_tokens": new_k},
-                       f"{basis} runs ngram_gpu with k={k} at {best.tps_ratio:.2f}x the defaults; its acceptance is "
-                       f"under-reported under async scheduling (vllm#37150), so k is tuned by speed: try k={new_k}",
-                       "the draft length where speed peaks (k=8 led k=16 on the H200's greedy meter)")
+                       f"{basis} runs ngram_gpu with k={k} at {best.tps_ratio:.2f}x the defaults; {said}, so "
+                       f"try k={new_k}, kept if faster", "the draft length where speed peaks (k=8 led k=4 and k=16 "
+                       "on the H200's greedy meter)")
         return
     rate = (best.metrics or {}).get("spec_acceptance_rate")
     if rate is None:

@@ -60,6 +60,12 @@ def test_on_a_gpu_speculation_is_ngram_gpu_with_async_scheduling_and_k_follows_t
     at4 = [trial(0, {}), trial(1, first.params, {"spec_acceptance_rate": 0.1}, ratio=1.8)]
     ks = [p.params["speculative-config.num_speculative_tokens"] for p in say(at4, sampled_share=0.0)]
     assert ks == [8, 2] and all(not gpu.problems(p.params) for p in say(at4, sampled_share=0.0))
+    # The mean acceptance length orders the moves: 3.65 of 5 (the H200's, k=4) doubles first; 1.4 halves first.
+    long_ = [trial(0, {}), trial(1, first.params, {"spec_acceptance_rate": 0.1, "spec_mean_acceptance_length": 3.65}, ratio=1.5)]
+    short = [trial(0, {}), trial(1, first.params, {"spec_mean_acceptance_length": 1.4}, ratio=1.1)]
+    assert [p.params["speculative-config.num_speculative_tokens"] for p in say(long_, sampled_share=0.0)] == [8, 2]
+    (halve, _) = say(short, sampled_share=0.0)
+    assert halve.params["speculative-config.num_speculative_tokens"] == 2 and "1.40 of 5" in halve.rationale
     at16 = {**first.params, "speculative-config.num_speculative_tokens": 16}
     tried = [trial(0, {}), trial(1, at16, ratio=1.5)]
     assert [p.params["speculative-config.num_speculative_tokens"] for p in say(tried, sampled_share=0.0)] == [8]
