@@ -90,7 +90,7 @@ REPEAT_MIN = {"gpu": 0.6, "cpu": 0.8}
 
 def _defaults_repeat_share(history: list[Trial]) -> float | None:
     """The mean repeat share of the defaults' measured instances, or None if none measured it."""
-    shares = [t.measured["repeat_share"] for t in history if t.source in ("baseline", "aa", "drift")
+    shares = [t.measured["repeat_share"] for t in history if t.source in ("baseline", "aa", "drift", "device")
               and t.status == "ok" and (t.measured or {}).get("repeat_share") is not None]
     return sum(shares) / len(shares) if shares else None
 
@@ -98,11 +98,12 @@ def _defaults_repeat_share(history: list[Trial]) -> float | None:
 def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
     """The best config already speculates: tune its draft length k by what it measured. CPU ngram by its
     acceptance rate (longer drafts when most are accepted, shorter when most are wasted). ngram_gpu runs
-    under async scheduling, where vLLM 0.26 over-counts drafted tokens and so under-reports the rate
-    (vllm#37150; the fix, vllm#44056, is not in 0.26): there by the mean acceptance length (accepted
-    tokens per draft, which that count does not enter) and the speed itself: doubling k first when
-    drafts are more than half accepted (3.65 of 4 on the H200's challenge meter, where k=8 then led),
-    halving it first when not; a k measured already is not proposed again."""
+    under async scheduling, where vLLM 0.26 counts k drafted tokens every step, found or not, and so
+    under-reports the rate (vllm#37150; the fix, vllm#44056, is not in 0.26): there by the mean
+    acceptance length and the speed itself. Under async scheduling that length counts every step as
+    a draft, so it reads as tokens per decode step, the figure speed follows: k is doubled first when
+    more than half of k is gained a step (3.65 of 5 at k=4 on the H200's challenge meter, where k=8
+    then led), halved first when not; a k measured already is not proposed again."""
     knob = space.knobs["speculative-config.num_speculative_tokens"]
     low, high = int(knob.low), int(knob.high)
     best = max((t for t in history if t.params == start and t.status == "ok"), key=lambda t: t.number, default=None)
@@ -196,10 +197,8 @@ class BuiltinPlanner:
     def _speculation(space, start, basis, history, latest, facts):
         if "speculative-config.method" not in space.knobs or facts.get("concurrency", 1) > 4:
             return
-        # Prompt lookup drafts what the context repeats; sampled outputs seldom do. On mostly sampled,
-        # EOS-terminated traffic ngram k=4 measured 0.65x on an H200 and 0.70x with core binding on
-        # the CPU (acceptance 4-46%, against 90% on greedy loops): not a first move there, though the
-        # sampler may still draw it.
+        # Prompt lookup drafts what the context repeats: a first move only where the defaults' answers
+        # repeat it (REPEAT_MIN above, with its measurements), though the sampler may still draw it.
         method = start.get("speculative-config.method", "none")
         repeats = _defaults_repeat_share(history)
         gpu = "ngram_gpu" in space.knobs["speculative-config.method"].choices

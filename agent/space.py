@@ -195,8 +195,12 @@ class Space:
         return all(self.knobs[name].lossless for name in self.changed(point, defaults))
 
     def to_flags_env(self, point: dict) -> tuple[dict, dict]:
-        """The trial's flags and environment: the fixed part plus the point, JSON knobs grouped."""
+        """The trial's flags and environment: the fixed part plus the point, JSON knobs grouped. A knob
+        with one choice that applies to the point is the point's requirement, not a choice: it is set
+        whoever built the point (the sampler, a planner naming only some knobs, a stored branch)."""
         flags, env = dict(self.fixed_flags), dict(self.fixed_env)
+        point = {**{k.name: k.choices[0] for k in self.knobs.values()
+                    if k.type == "categorical" and len(k.choices) == 1 and k.applies(point)}, **point}
         for name, value in point.items():
             knob = self.knobs[name]
             if knob.target == "env":

@@ -206,15 +206,17 @@ _WORD = re.compile(r"\S+")
 
 
 def lookup_hits(context: str, output: str, n: int = 2) -> tuple[int, int]:
-    """How repetitive an answer is, as prompt lookup (vLLM's ngram speculation) sees it, in words: of
-    the output's words, those that follow the last n words where those n words occurred before, in
-    the prompt or the output so far, followed by this same word. Returns (hits, output words).
-    Greedy loops score near 1, fresh sampled prose near 0; tokens are finer than words, so this
-    ranks traffic for speculation rather than predicting its acceptance rate."""
+    """How repetitive an answer is, in the spirit of prompt lookup (vLLM's ngram speculation), in
+    words: of the output's words, those whose last n words occurred before, in the prompt or the
+    output so far, and were then (at their latest occurrence) followed by this same word. Returns
+    (hits, output words). Greedy loops score near 1, fresh sampled prose near 0. vLLM matches tokens,
+    the longest suffix up to prompt_lookup_max, and drafts k of them: this fixed-n, one-word view
+    ranks traffic for speculation (the planner's threshold is calibrated on it, docs/results.md)
+    rather than predicting an acceptance rate."""
     before, words = _WORD.findall(context), _WORD.findall(output)
     seen = before + words
     last: dict[tuple, int] = {}   # each n-gram's latest end position so far
-    for i in range(n, len(before) + 1):
+    for i in range(n, len(before)):   # the prompt's last n words are looked up by the first output word
         last[tuple(seen[i - n:i])] = i
     hits = 0
     for i in range(len(before), len(seen)):

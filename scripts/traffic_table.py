@@ -141,6 +141,8 @@ def main() -> int:
             except TrialFailure as e:   # a config the engine refuses is a row too, and the next one runs
                 refused[config] = f"{e.klass}: {e.message}"
                 print(f"{config}: refused: {refused[config]}", flush=True)
+                with open(out / "rows.jsonl", "a") as f:
+                    f.write(json.dumps({"config": config, "refused": refused[config]}) + "\n")
                 continue
             print(f"{config}: ready in {time.monotonic() - began:.0f} s", flush=True)
             for name in plan["workloads"]:
@@ -160,7 +162,8 @@ def main() -> int:
         lines.append(f"| {r['config']} | {r['workload']} | {r['tps']:.2f} | {ratio} | {r['acceptance'] if r['acceptance'] is not None else '-'} "
                      f"| {r['repeat_share'] if r['repeat_share'] is not None else '-'} "
                      f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['itl_p99_ms']:.0f} | {ended} |")
-    lines += [f"| {config} | all | refused at start: {why[:300]} |" for config, why in refused.items()]
+    lines += [f"| {config} | all | refused at start: {' '.join(why.split()).replace('|', '/')[:300]} |"
+              for config, why in refused.items()]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"written: {out}")

@@ -41,3 +41,5 @@ def test_lookup_hits_counts_the_words_prompt_lookup_would_draft_right():
     # the prompt's own bigram "about cats" followed by "and": an answer that copies it scores that word
     assert lookup_hits("tell me about cats and dogs", "about cats and") == (1, 3)
     assert lookup_hits("", "") == (0, 0)
+    # the first answer word continues the prompt's last bigram as its earlier occurrence did
+    assert lookup_hits("x y z w x y", "z") == (1, 1)
