@@ -155,6 +155,14 @@ def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> 
                                  f"the baseline and the A/A check need {ctx.settings.baseline_instances + 1} before any "
                                  f"candidate; give a longer --budget")
         raise BaselineFailed(f"the defaults failed ({failure.klass}): {failure.message}")
+    for figures in (result.bench, result.bench_heldout):
+        found = (figures.goodput if figures else None) or {}
+        if (found.get("bounds") or [0, 0])[-1] is None:   # sandbox.worker.goodput_on: a lower bound only
+            why = found.get("burst") or f"the last of the {len(found.get('points') or [])} points a split allows"
+            raise BaselineFailed(f"the defaults held the SLOs at every load measured, up to {found['rate']:g} "
+                                 f"requests/s ({why}): their goodput is only a lower bound, which candidates cannot "
+                                 f"be judged against; tighten the SLOs, start nearer the server's capacity (a higher "
+                                 f"rate:R or a faster trace:SCALE) or measure more requests a point (--num-prompts)")
     return row
 
 

@@ -61,7 +61,9 @@ def _line(event: str, info: dict) -> str | None:
         held = (f", held-out {t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
                 if t.heldout_ratio is not None and t.heldout_interval else "")
         flips = f", {len(t.flips)} near-tie flip(s)" if t.flips else ""
-        return (f"trial {t.number}: {t.tps:.2f} {u} ({t.tps_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
+        floor = (" (a lower bound: no load this split could judge broke it)"
+                 if (((t.measured or {}).get("goodput") or {}).get("bounds") or [0, 0])[-1] is None else "")
+        return (f"trial {t.number}: {t.tps:.2f} {u}{floor} ({t.tps_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
                 f"agreement {t.agreement:.0%}{flips}; {verdict}")
     if event == "learned":
         return escape(f"learned from trial {info['number']}: vLLM refuses {info['settings']} ({info['how']}); "

@@ -265,6 +265,45 @@ def test_a_config_that_holds_the_slos_at_no_rate_fails_naming_the_lowest_rate_an
     assert "ttft_p99_ms" in result.failure.message
 
 
+def test_a_config_that_no_judgeable_load_breaks_keeps_its_last_held_load_as_a_lower_bound(tmp_path, monkeypatch):
+    """A TTFT bound no load reaches: the search doubles from 5 requests a second until a point holds
+    only as a burst (24 requests within 3 of their latencies). The figure is the last load that held,
+    a lower bound, not a failure: core binding on 2 cores, 2026-12-04, failed so and lost the run's
+    best config."""
+    result = goodput_trial(tmp_path, monkeypatch, 8, "rate:5", ttft_ms=1e6)
+    assert result.status == "ok", result.failure
+    g = result.bench.goodput
+    rates = [p["rate"] for p in g["points"]]
+    assert all(p["held"] for p in g["points"]) and rates == [5 * 2 ** i for i in range(len(rates))]
+    assert len(rates) >= 2 and g["bounds"] == [rates[-2], None] and g["rate"] == rates[-2] and not g["converged"]
+    assert f"at {rates[-1]:g} requests/s" in g["burst"] and result.bench.figure == rates[-2]
+
+
+def test_the_defaults_goodput_as_a_lower_bound_ends_the_run_with_what_to_change(tmp_path):
+    from agent import budget, space as spaces
+    from agent.context import RunContext, Seams, Settings
+    from agent.defaults import BaselineFailed, run_defaults
+    from agent.ledger import Ledger, Run
+    from sandbox.result import Figures, TrialResult
+
+    class Engine:   # the seam: one result whose goodput never broke
+        def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+            figures = Figures(tps=1.46, objective="goodput", figure=1.46, goodput={
+                "rate": 1.46, "bounds": [1.46, None], "converged": False, "points": [{}, {}, {}],
+                "burst": "at 2.93 requests/s the point's 24 requests arrived over 8.2 s ...: a burst, not a load"})
+            return TrialResult(status="ok", bench=figures, timings={})
+
+    with pytest.raises(BaselineFailed, match=r"held the SLOs at every load measured, up to 1.46 requests/s \(at "
+                                             r"2.93 requests/s.*only a lower bound.*--num-prompts"):
+        ledger = Ledger(tmp_path / "ledger.sqlite")
+        space = spaces.load("vllm-cpu", cpu_flags={"avx512f"})
+        run = ledger.add(Run(id="r", deadline_at=budget.deadline_after(600).isoformat(), model="m",
+                             space_path=space.path, space_hash=space.hash, workload="smoke", repo=str(tmp_path),
+                             settings={"home": str(tmp_path)}))
+        run_defaults(RunContext(run, Settings(model="m", workload="smoke"), space), Seams(ledger, Engine()),
+                     "baseline", "engine defaults")
+
+
 def test_a_goodput_run_tells_optuna_decides_and_claims_in_requests_per_second(tmp_path, embedded_model):
     """A real `agent run --traffic TRACE --arrivals trace` (the deterministic engine at its seam, whose
     goodput is its tokens/s / 20): the ledger, the console and the branch carry the goodput figure."""
