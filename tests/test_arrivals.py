@@ -182,7 +182,8 @@ def test_a_workload_whose_objective_cannot_rank_under_its_arrivals_is_refused(fi
     assert needle in str(e.value)
 
 
-def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: float = 300.0) -> dict:
+def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: float = 300.0,
+                  heldout: bool = False) -> dict:
     """One real worker on the stand-in: 10 tokens of 10 ms a request, `slots` decoding at once, so
     its capacity is slots * 10 requests a second."""
     monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_SLOTS", "FAKE_TOKEN_S"))
@@ -193,7 +194,8 @@ def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: f
     workload = {"name": "rated", "meter_version": 3, "concurrency": 64, "num_prompts": 24, "warmup_requests": 1,
                 "prompt_split": "search", "traffic": str(traffic), "arrivals": f"{rate},burstiness=1000,seed=1",
                 "objective": "goodput", "slo_ttft_p99_ms": ttft_ms}
-    spec = specs.from_dict({"model": "fake", "workload": workload, "deadlines": {"start_s": 30}})
+    spec = specs.from_dict({"model": "fake", "workload": workload, "deadlines": {"start_s": 30},
+                            "heldout_bench": heldout})
     out = tmp_path / f"s{slots}"
     out.mkdir()
     return run_trial(spec, out / "server.log", out / "progress.json", launcher=FAKE)
@@ -277,6 +279,16 @@ def test_a_config_that_no_judgeable_load_breaks_keeps_its_last_held_load_as_a_lo
     assert all(p["held"] for p in g["points"]) and rates == [5 * 2 ** i for i in range(len(rates))]
     assert len(rates) >= 2 and g["bounds"] == [rates[-2], None] and g["rate"] == rates[-2] and not g["converged"]
     assert f"at {rates[-1]:g} requests/s" in g["burst"] and result.bench.figure == rates[-2]
+
+
+def test_the_held_out_goodput_search_starts_at_the_same_servers_search_figure(tmp_path, monkeypatch):
+    """The held-out split allows few rate points; started where this server's search split found its
+    goodput, two points bracket it (from the profile's start they held, then burst: 2026-12-04)."""
+    result = goodput_trial(tmp_path, monkeypatch, 1, "rate:40", heldout=True)
+    assert result.status == "ok", result.failure
+    found, held_out = result.bench.goodput, result.bench_heldout.goodput
+    assert held_out["points"][0]["rate"] == round(found["rate"], 6) != 40
+    assert None not in held_out["bounds"] and held_out["rate"] > 0
 
 
 def test_the_defaults_goodput_as_a_lower_bound_ends_the_run_with_what_to_change(tmp_path):
