@@ -11,6 +11,7 @@ from agent.gate import Baseline, GateSettings, Instance
 from agent.ledger import Trial
 from agent.recording import measure, open_trial, record
 from agent.stats import compare
+from sandbox import goodput
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
 # Rows that are instances of the engine defaults; "device": one on each further device of the run.
@@ -156,8 +157,8 @@ def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> 
                                  f"candidate; give a longer --budget")
         raise BaselineFailed(f"the defaults failed ({failure.klass}): {failure.message}")
     for figures in (result.bench, result.bench_heldout):
-        found = (figures.goodput if figures else None) or {}
-        if (found.get("bounds") or [0, 0])[-1] is None:   # sandbox.worker.goodput_on: a lower bound only
+        found = figures.goodput if figures else None
+        if goodput.lower_bound(found):   # sandbox.worker.goodput_on keeps a candidate's, not the defaults'
             why = found.get("burst") or f"the last of the {len(found.get('points') or [])} points a split allows"
             raise BaselineFailed(f"the defaults held the SLOs at every load measured, up to {found['rate']:g} "
                                  f"requests/s ({why}): their goodput is only a lower bound, which candidates cannot "

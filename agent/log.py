@@ -11,6 +11,7 @@ from rich.markup import escape
 from agent import refusals
 from agent.budget import plan_line
 from agent.gate import unit
+from sandbox import goodput
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
@@ -62,7 +63,7 @@ def _line(event: str, info: dict) -> str | None:
                 if t.heldout_ratio is not None and t.heldout_interval else "")
         flips = f", {len(t.flips)} near-tie flip(s)" if t.flips else ""
         floor = (" (a lower bound: no load this split could judge broke it)"
-                 if (((t.measured or {}).get("goodput") or {}).get("bounds") or [0, 0])[-1] is None else "")
+                 if goodput.lower_bound((t.measured or {}).get("goodput")) else "")
         return (f"trial {t.number}: {t.tps:.2f} {u}{floor} ({t.tps_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
                 f"agreement {t.agreement:.0%}{flips}; {verdict}")
     if event == "learned":

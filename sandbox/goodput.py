@@ -81,6 +81,11 @@ class Goodput:
         return {**asdict(self), "bounds": list(self.bounds)}
 
 
+def lower_bound(found: dict | None) -> bool:
+    """Whether a goodput (Goodput.as_dict, as a trial records it) is only a lower bound: no load broke."""
+    return bool(found) and (found.get("bounds") or [0, 0])[-1] is None
+
+
 def point(rate: float, result: BenchResult, slo: Slo) -> Point:
     n = result.requests - result.errors
     return Point(rate=round(rate, 6), held=not slo.misses(result), requests=result.requests,
