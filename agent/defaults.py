@@ -17,6 +17,12 @@ DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drif
 # Rows that are instances of the engine defaults; "device": one on each further device of the run.
 DEFAULTS_SOURCES = ("baseline", "aa", "drift", "extra", "device")
 CANDIDATES = ("planner", "sampler")
+# More instances of a noisy host's defaults narrow every bound, but a run that spends its budget on
+# them tries little: on the H200 an 18-minute run spent 6 of its 16 minutes on three such instances
+# and had room for one held-out look at one candidate (docs/results.md, 2026-12-04). Past this share
+# of the budget (the baseline's and the A/A's instances included) no more are measured; the bounds
+# stay as wide as the noise measured says, and a night's run (6 instances in minutes) never meets it.
+DEFAULTS_SHARE = 1 / 3
 
 
 class BaselineFailed(RuntimeError):
@@ -98,8 +104,10 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     base = baseline_from(history, settings.gate)
     while gate.more_defaults_wanted(base, verdict, sum(1 for t in history if t.source == "baseline"
                                                        and t.number > aa.number), settings.gate):
-        if budget.plan(aa.timings, 1, False, clock.seconds_left(run.deadline_at), 0)["fits"] != "decision":
-            say("fewer_defaults", noise=base.measured_noise.sd, instances=len(base.search) + len(base.unscreened))
+        refused = no_more_defaults(run, aa)
+        if refused:
+            say("fewer_defaults", noise=base.measured_noise.sd, instances=len(base.search) + len(base.unscreened),
+                why=refused)
             break
         run_defaults(ctx, seams, "baseline", "more instances of the defaults: " + (
             "the A/A check called them faster or slower than themselves" if verdict.add_instances
@@ -121,6 +129,18 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
         calibration=base.calibration.as_dict(), unit=gate.unit((run.settings or {}).get("traffic")),
         prior=(base.prior.sd, base.prior.df), bound_noise=base.noise.sd)
     return base
+
+
+def no_more_defaults(run, aa: Trial) -> str | None:
+    """Why one more instance of the defaults should not be measured now (None: it may be): no first
+    decision would fit after it, or the defaults would pass their share of the budget."""
+    plan = budget.plan(aa.timings, 1, False, clock.seconds_left(run.deadline_at), 0)
+    if plan["fits"] != "decision":
+        return "then no first decision would fit the budget"
+    whole = clock.seconds_since(run.started_at) + clock.seconds_left(run.deadline_at)
+    if clock.seconds_since(run.started_at) + plan["instance_s"] > DEFAULTS_SHARE * whole:
+        return f"they would then have taken more than {DEFAULTS_SHARE:.0%} of the budget, which is the candidates'"
+    return None
 
 
 def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: bool, first: bool) -> dict:

@@ -39,7 +39,8 @@ def _line(event: str, info: dict) -> str | None:
         return escape(plan_line(info))
     if event == "fewer_defaults":
         return (f"the defaults' noise, ±{info['noise']:.1%} log-sd over {info['instances']} instances, would call for "
-                f"another instance of them, but then no first decision would fit the budget: going on with these")
+                f"another instance of them, but {info.get('why') or 'then no first decision would fit the budget'}: "
+                f"going on with these")
     if event == "aa":
         return escape(info["line"])
     if event == "drift":

@@ -529,3 +529,23 @@ def test_max_trials_does_not_count_a_points_first_cut_by_a_crash_but_counts_the_
     assert spent(base + [row("interrupted", bind), row("ok", bind), row("ok", {"max-num-seqs": 8})], settings)
     # Cut twice: the second cut counts, so a run whose trials keep being cut still stops.
     assert spent(base + [row("interrupted", bind), row("interrupted", bind), row("ok", bind)], settings)
+
+
+@pytest.mark.parametrize("spent, whole, why", [
+    (100, 3600, None),                                          # 100 + 120 s of 3600: a tenth
+    (1100, 3600, "more than 33% of the budget"),                # 1100 + 120 s: past a third
+    (100, 400, "then no first decision would fit the budget"),  # a decision needs about 360 s, 300 left
+])
+def test_more_instances_of_the_defaults_stop_at_their_share_of_the_budget(spent, whole, why):
+    """A noisy host's defaults get more instances while a decision fits after them and the defaults have
+    used less than a third of the budget; past it, the candidates keep the rest (DEFAULTS_SHARE)."""
+    from agent.defaults import no_more_defaults
+    from agent.ledger import Trial
+
+    now = datetime.now(timezone.utc)
+    run = Run(id="r", started_at=(now - timedelta(seconds=spent)).isoformat(),
+              deadline_at=(now + timedelta(seconds=whole - spent)).isoformat())
+    aa = Trial(timings={"start_s": 30, "warmup_s": 10, "benchmark_s": 60, "heldout_s": 30, "quality_s": 15,
+                        "teardown_s": 5, "total_s": 150})   # an instance without its held-out phase: 120 s
+    found = no_more_defaults(run, aa)
+    assert found is None if why is None else why in found
