@@ -86,6 +86,23 @@ def _tried(history: list[Trial]) -> set[str]:
 # win. Before the defaults measured it (older ledgers), the traffic's sampled share stands in:
 # sampled, EOS-terminated answers seldom repeat.
 REPEAT_MIN = {"gpu": 0.6, "cpu": 0.8}
+# The first draft length on a GPU. A drafted token is accepted about as often as an answer's word
+# repeats its context (share p), so a step yields about (1 - p^(k+1)) / (1 - p) tokens: at
+# challenge-short's 0.85, 3.7 at k=4 (the H200 measured a mean acceptance length of 3.43-3.65 there)
+# against 5.1 at k=8; and verifying a longer draft costs the GPU little at one stream. Measured on
+# that meter: k=8 1.81x, k=4 1.23-1.40x, k=16 1.46x (docs/results.md). At 0.8 or more the first
+# move drafts 8; below it 4, where longer drafts add about as much to verify as to accept. On the
+# CPU a longer draft costs its verification in full: k=4 there, tuned by acceptance.
+LONG_DRAFT_SHARE, LONG_DRAFT = 0.8, 8
+
+
+def _first_draft_length(gpu: bool, repeats: float | None) -> int:
+    return LONG_DRAFT if gpu and repeats is not None and repeats >= LONG_DRAFT_SHARE else 4
+
+
+def _tokens_per_step(share: float, k: int) -> float:
+    """Tokens a decode step yields when each drafted token is accepted with probability share."""
+    return k + 1.0 if share >= 1 else (1 - share ** (k + 1)) / (1 - share)
 
 
 def _defaults_repeat_share(history: list[Trial]) -> float | None:
@@ -212,11 +229,16 @@ class BuiltinPlanner:
                 {"speculative-config.method": "ngram"}
             evidence = (f"the defaults' answers repeat their context for {repeats:.0%} of their words, as prompt "
                         f"lookup sees it" if repeats is not None else "mostly greedy")
-            yield ({**start, **drafter, "speculative-config.num_speculative_tokens": 4,
-                    "speculative-config.prompt_lookup_min": 2, "speculative-config.prompt_lookup_max": 4},
+            k = _first_draft_length(gpu, repeats)
+            if k != 4:
+                evidence += (f" (about {_tokens_per_step(repeats, k):.1f} tokens a step at k={k} against "
+                             f"{_tokens_per_step(repeats, 4):.1f} at k=4, if drafts are accepted as often)")
+            # lookup 2..k up to 8: the configs measured (k=4 lookup 2..4 committed, k=8 lookup 2..8 at 1.81x)
+            yield ({**start, **drafter, "speculative-config.num_speculative_tokens": k,
+                    "speculative-config.prompt_lookup_min": 2, "speculative-config.prompt_lookup_max": min(k, 8)},
                    f"the workload runs {facts.get('concurrency', 1)} stream(s) at a time, {evidence}, and each "
-                   f"decode step is mostly overhead; {drafter['speculative-config.method']} speculation (k=4, "
-                   f"lookup 2..4) on top of {basis}", "fewer decode steps per token when outputs repeat their context")
+                   f"decode step is mostly overhead; {drafter['speculative-config.method']} speculation (k={k}, "
+                   f"lookup 2..{min(k, 8)}) on top of {basis}", "fewer decode steps per token when outputs repeat their context")
             return
         yield from _draft_length(space, start, basis, history)
 

@@ -93,6 +93,27 @@ def test_the_defaults_own_answers_decide_speculation_over_the_traffics_sampled_s
                sampled_share=0.0)   # not measured (an older ledger): the sampled share decides, as before
 
 
+def test_on_a_gpu_answers_that_repeat_most_of_their_words_start_with_the_longer_draft():
+    """challenge-short's 85%: k=8 first (the H200 measured 1.81x at k=8 against 1.23-1.40x at k=4),
+    with the tokens a step it expects; at 64% k=4; on the CPU k=4 whatever the share."""
+    gpu = spaces.load("vllm-gpu")
+    say = lambda history: BuiltinPlanner().propose(gpu, RUN, history, {"concurrency": 1}, k=5)  # noqa: E731
+
+    def defaults(share):
+        return Trial(number=0, params={}, metrics={}, tps=10, status="ok", source="baseline",
+                     measured={"repeat_share": share})
+
+    (long_,) = say([defaults(0.85)])
+    assert long_.params["speculative-config.num_speculative_tokens"] == 8
+    assert long_.params["speculative-config.prompt_lookup_max"] == 8 and not gpu.problems(long_.params)
+    assert "about 5.1 tokens a step at k=8 against 3.7 at k=4" in long_.rationale
+    (short,) = say([defaults(0.64)])
+    assert short.params["speculative-config.num_speculative_tokens"] == 4
+    assert short.params["speculative-config.prompt_lookup_max"] == 4 and "tokens a step" not in short.rationale
+    (cpu,) = [p for p in propose([defaults(0.95)]) if "speculative-config.method" in p.params]
+    assert cpu.params["speculative-config.num_speculative_tokens"] == 4
+
+
 def test_batching_and_kv_moves_cite_the_metric_that_triggered_them():
     queued = propose([trial(0, {}, {"kv_cache_usage_max": 0.1, "requests_waiting_max": 5})], concurrency=16)
     batch = next(p for p in queued if "max-num-seqs" in p.params)
