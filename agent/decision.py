@@ -79,9 +79,9 @@ def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> 
     ratio = round(result.bench.value / (base.tps * base.drift), 4)
     if p := result.pruned:
         decision = "pruned"
-        why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} tok/s, "
-               f"below {p['below_tps']:.2f} (the defaults' {base.tps * base.drift:.2f} less the spread of one "
-               f"instance at {gate.PRUNE_LEVEL:.1%})")
+        why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} "
+               f"{gate.unit(row.meter)}, below {p['below_tps']:.2f} (the defaults' {base.tps * base.drift:.2f} less the "
+               f"spread of one instance at {gate.PRUNE_LEVEL:.1%})")
     else:
         decision = "speed-only"
         why = (f"not faster on the search prompts: {ratio:.3f}x the defaults; quality not measured "

@@ -30,6 +30,10 @@ class Unsustained(Exception):
     burst, not a sustained load, so holding it says nothing about the rate (measured on 2 cores,
     2026-12-02: 4 requests a point let core binding "hold" 4.5 requests/s and a trace 462). The search
     stops there: what held and broke below it stands; above it, points of this size cannot judge."""
+class Hopeless(Exception):
+    """A point broke at or below the rate the search was told to give up under: the goodput lies below it."""
+
+
 MAX_HALVINGS = 6         # no lower than start / 64: below it a point's requests span 64 times longer
 
 
@@ -76,6 +80,7 @@ class Goodput:
     slo: dict[str, float]
     points: list[Point] = field(default_factory=list)
     burst: str | None = None  # why the search stopped short: a point that held only as a burst
+    pruned_at: float | None = None   # a rate at or below give_up_below broke there: the goodput is at most it
 
     def as_dict(self) -> dict:
         return {**asdict(self), "bounds": list(self.bounds)}
@@ -96,10 +101,13 @@ def point(rate: float, result: BenchResult, slo: Slo) -> Point:
 
 
 def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tolerance: float = 0.05,
-           max_points: int = 12) -> Goodput:
+           max_points: int = 12, give_up_below: float | None = None) -> Goodput:
     """Bracket, then bisect; at most max_points measurements (the split bounds how many fresh draws
     a server gets), and no lower than start / 64 (goodput 0 below it). Unconverged when the points
-    ran out first: the bounds say how far it got."""
+    ran out first: the bounds say how far it got. give_up_below: a point that breaks at or below this
+    rate ends the search (`pruned_at`): the goodput is below it, and the points under it would only
+    say how far below (a candidate that cannot reach the defaults' goodput, at 24 requests a point
+    and a fifth of the defaults' rate, spends 2 minutes a point there)."""
     if not slo.bounds():
         raise ValueError("goodput needs at least one SLO (TTFT, ITL or end-to-end p99)")
     points: list[Point] = []
@@ -114,9 +122,11 @@ def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tole
                               f"burst, not a load; measure about {math.ceil(SUSTAIN * typical * rate * 2)} or more "
                               f"requests a point (--num-prompts, or num_prompts: in a workload file) and a traffic file "
                               f"with room for them")
+        if not points[-1].held and give_up_below is not None and rate <= give_up_below:
+            raise Hopeless()
         return points[-1].held
 
-    lo, hi, rate, burst = None, None, start, None
+    lo, hi, rate, burst, pruned_at = None, None, start, None, None
     try:
         if holds(rate):
             lo = rate
@@ -133,10 +143,12 @@ def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tole
             lo, hi = (mid, hi) if holds(mid) else (lo, mid)
     except Unsustained as e:   # the burst point is neither bound: lo and hi are what loads said
         burst = str(e)
+    except Hopeless:
+        hi = pruned_at = points[-1].rate
     converged = lo is not None and hi is not None and (hi - lo) / hi <= tolerance
     return Goodput(rate=round(crossing(points, lo, hi, slo), 6),
                    bounds=(round(lo or 0.0, 6), None if hi is None else round(hi, 6)),
-                   converged=converged, slo=slo.bounds(), points=points, burst=burst)
+                   converged=converged, slo=slo.bounds(), points=points, burst=burst, pruned_at=pruned_at)
 
 
 def crossing(points: list[Point], lo: float | None, hi: float | None, slo: Slo) -> float:

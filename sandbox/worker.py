@@ -96,7 +96,7 @@ def _span(workload, repeats: int) -> float:
 def goodput_on(server: Server, workload, bench_s: float, phase: str,
                on_point: Callable[[str], None] = lambda detail: None,
                on_measured: Callable[[goodput.Point], None] = lambda point: None,
-               start: float | None = None) -> Figures:
+               start: float | None = None, give_up_below: float | None = None) -> Figures:
     """The objective goodput on one server: rate points, each a fresh draw of the workload's split on
     the same seeded arrival pattern scaled to its rate (sandbox.goodput), from `start` (default: the
     profile's rate). The instance's figure is the highest rate that held its SLOs; the latencies
@@ -127,7 +127,12 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
     if workload.rate_points() < 2:
         raise TrialFailure("bad_output", f"{workload.where(workload.prompt_split)}: goodput needs at least two "
                                          f"fresh draws of {workload.num_prompts} requests on one server")
-    found = goodput.search(measure, workload.slo(), start or workload.start_rate(), max_points=workload.rate_points())
+    found = goodput.search(measure, workload.slo(), start or workload.start_rate(), max_points=workload.rate_points(),
+                           give_up_below=give_up_below)
+    if found.pruned_at is not None:   # hopeless: its figure is the rate it broke at, an upper bound
+        return Figures(**measured[-1].to_dict(), objective="goodput", figure=found.pruned_at, goodput=found.as_dict(),
+                       repeats_tps=[found.pruned_at], points_tps=[m.tps for m in measured],
+                       draw_hashes=[m.draw_hash for m in measured])
     if found.rate == 0 and found.burst:   # the first point held only as a burst: no load was judged
         raise TrialFailure("bad_output", f"goodput: {found.burst}")
     if found.rate == 0:   # no figure to compare: the SLOs are out of this config's reach on this host
@@ -208,8 +213,13 @@ class TrialRun:
         self.enter("benchmark")
         spec, workload = self.spec, self.spec.workload
         if workload.objective == "goodput":
-            self.result.bench = self.goodput(workload)
+            self.result.bench = found = self.goodput(workload, give_up_below=spec.prune_below_tps)
             self.lap("benchmark")
+            if found.goodput["pruned_at"] is not None:
+                self.result.status = "pruned"
+                self.result.pruned = {"after_requests": sum(p["requests"] for p in found.goodput["points"]),
+                                      "of": workload.rate_points() * workload.num_prompts,
+                                      "upper_tps": found.figure, "below_tps": spec.prune_below_tps}
             return
         pruner = (bench.Pruner.for_workload(spec.prune_below_tps, workload)   # it bounds tokens/s: tps only
                   if spec.prune_below_tps is not None and workload.objective == "tps" else None)
@@ -237,9 +247,10 @@ class TrialRun:
             raise TrialFailure("bad_output", f"{figures.short_outputs} of {figures.requests} requests did not "
                                              f"return the max_tokens asked for with ignore_eos")
 
-    def goodput(self, workload, start: float | None = None) -> Figures:
+    def goodput(self, workload, start: float | None = None, give_up_below: float | None = None) -> Figures:
         return goodput_on(self.server, workload, self.bench_s, self.phase,
-                          on_point=lambda detail: self.enter(self.phase, detail), start=start)
+                          on_point=lambda detail: self.enter(self.phase, detail), start=start,
+                          give_up_below=give_up_below)
 
     def heldout(self) -> None:
         """Same server, other prompts: the defaults' reference for held-out decisions."""

@@ -167,6 +167,21 @@ def test_the_search_says_what_it_could_not_settle_and_names_a_percentile_from_fe
         search(lambda rate: figures(1.0), Slo(), start=1.0)
 
 
+def test_a_search_told_where_to_give_up_stops_at_the_first_rate_at_or_below_it_that_breaks():
+    """A candidate whose goodput lies below the defaults' (less their noise) is stopped there: its figure
+    is at most the rate that broke. One whose goodput lies above the bar is searched as before."""
+    measure = lambda capacity: lambda rate: figures(ttft_p99=50.0 if rate <= capacity else 900.0)  # noqa: E731
+    slo = Slo(ttft_p99_ms=200)
+    slow = search(measure(1.0), slo, start=16.0, give_up_below=5.0)
+    assert [p.rate for p in slow.points] == [16, 8, 4] and slow.pruned_at == 4 and slow.bounds == (0.0, 4)
+    assert search(measure(1.0), slo, start=16.0).pruned_at is None   # without a bar: down to where it holds
+    fast = search(measure(6.0), slo, start=16.0, give_up_below=5.0)
+    assert fast.pruned_at is None and fast.converged and fast == search(measure(6.0), slo, start=16.0)
+    # In the bisection too: held at 4, broke at 8, then broke at 6 <= 6.5: below the bar whatever follows.
+    mid = search(measure(5.0), slo, start=4.0, give_up_below=6.5)
+    assert [p.rate for p in mid.points] == [4, 8, 6] and mid.pruned_at == 6 and mid.bounds == (4, 6)
+
+
 @pytest.mark.parametrize("fields, needle", [
     ({"arrivals": "rate:2"}, "objective 'tps' under arrivals 'rate:2'"),
     ({"objective": "goodput", "slo_ttft_p99_ms": 100.0}, "needs open-loop arrivals"),
@@ -183,7 +198,7 @@ def test_a_workload_whose_objective_cannot_rank_under_its_arrivals_is_refused(fi
 
 
 def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: float = 300.0,
-                  heldout: bool = False) -> dict:
+                  heldout: bool = False, prune_below: float | None = None) -> dict:
     """One real worker on the stand-in: 10 tokens of 10 ms a request, `slots` decoding at once, so
     its capacity is slots * 10 requests a second."""
     monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_SLOTS", "FAKE_TOKEN_S"))
@@ -195,7 +210,7 @@ def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: f
                 "prompt_split": "search", "traffic": str(traffic), "arrivals": f"{rate},burstiness=1000,seed=1",
                 "objective": "goodput", "slo_ttft_p99_ms": ttft_ms}
     spec = specs.from_dict({"model": "fake", "workload": workload, "deadlines": {"start_s": 30},
-                            "heldout_bench": heldout})
+                            "heldout_bench": heldout, "prune_below_tps": prune_below})
     out = tmp_path / f"s{slots}"
     out.mkdir()
     return run_trial(spec, out / "server.log", out / "progress.json", launcher=FAKE)
@@ -289,6 +304,17 @@ def test_the_held_out_goodput_search_starts_at_the_same_servers_search_figure(tm
     found, held_out = result.bench.goodput, result.bench_heldout.goodput
     assert held_out["points"][0]["rate"] == round(found["rate"], 6) != 40
     assert None not in held_out["bounds"] and held_out["rate"] > 0
+
+
+def test_a_candidate_whose_goodput_cannot_reach_the_bar_is_pruned_where_a_load_below_it_broke(tmp_path, monkeypatch):
+    """One decoding slot holds the TTFT bound to about 11 requests a second: from 40 a second, the
+    point at 20 breaks at or below the bar of 25, so the trial is pruned there (no held-out split, no
+    quality), its figure at most 20."""
+    result = goodput_trial(tmp_path, monkeypatch, 1, "rate:40", heldout=True, prune_below=25.0)
+    assert result.status == "pruned", result.failure
+    assert [p["rate"] for p in result.bench.goodput["points"]] == [40, 20] and result.bench.figure == 20
+    assert result.pruned == {"after_requests": 48, "of": result.pruned["of"], "upper_tps": 20, "below_tps": 25.0}
+    assert result.bench_heldout is None and result.quality is None
 
 
 def test_the_defaults_goodput_as_a_lower_bound_ends_the_run_with_what_to_change(tmp_path):
