@@ -486,6 +486,20 @@ def test_the_plan_line_names_what_fits_and_what_budget_would(left, fits, tail):
     assert hopeful["decided_in_s"] == 1080 - 4 * 150 * 0.75
 
 
+def test_a_goodput_plan_counts_the_held_out_phase_by_its_rate_points():
+    """The shipped trace on 2 cores: 5 rate points on the search split (300 s), 2 on the held-out one.
+    The plan of the first instance counts the A/A's held-out phase and the decision's held-out
+    instance at 2/5 of the search benchmark; an A/A's own held-out phase counts as measured."""
+    first = {"total_s": 418.0, "start_s": 61.0, "warmup_s": 40.0, "benchmark_s": 300.0, "quality_s": 14.0,
+             "teardown_s": 2.0}
+    whole = budget.plan(first, 1, True, 3600, 418.0, points=5)
+    share = budget.plan(first, 1, True, 3600, 418.0, points=5, heldout_share=0.4)
+    assert whole["decided_in_s"] - share["decided_in_s"] == 2 * 300 * 0.6   # the A/A's and the decision's
+    assert budget.heldout_instance_s(first, 0.4) == 61 + 40 + 2 + 120
+    aa = {**first, "heldout_s": 78.0, "total_s": 500.0}
+    assert budget.heldout_instance_s(aa) == budget.heldout_instance_s(aa, 0.4) == 61 + 40 + 2 + 78
+
+
 def test_a_budget_too_short_for_a_first_decision_stops_after_the_first_instance(tmp_path):
     """Each instance takes a second here: after the first, a decision needs about four more, and 3 s
     are left. The run says so and stops, instead of measuring the defaults until the deadline."""
@@ -549,3 +563,18 @@ def test_more_instances_of_the_defaults_stop_at_their_share_of_the_budget(spent,
                         "teardown_s": 5, "total_s": 150})   # an instance without its held-out phase: 120 s
     found = no_more_defaults(run, aa)
     assert found is None if why is None else why in found
+
+
+def test_an_extra_instance_of_the_defaults_is_timed_by_the_warm_ones_not_the_cold_first():
+    """The H200's run of 2026-12-04: a cold first start of 213 s stood for an extra instance (247 s)
+    and refused a third held-out look with 184 s left, where the warm instances took 84-104 s."""
+    from agent.decision import defaults_like
+    from agent.ledger import Trial
+
+    def instance(number, source, start_s, **more):
+        return Trial(number=number, source=source, status="ok", timings={"start_s": start_s, "warmup_s": 5,
+                     "benchmark_s": 26, "teardown_s": 3, **more})
+
+    cold, warm, aa = instance(0, "baseline", 213), instance(1, "baseline", 68), instance(2, "aa", 53, heldout_s=25)
+    assert defaults_like([cold, warm, aa]) is warm and budget.heldout_instance_s(warm.timings) == 102
+    assert defaults_like([cold]) is cold
