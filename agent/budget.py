@@ -46,6 +46,14 @@ def heldout_instance_s(timings: dict, heldout_share: float = 1.0) -> float:
     return sum(timings.get(f"{phase}_s", 0) for phase in ("start", "warmup", "teardown")) + measuring
 
 
+def heldout_share(measured: dict | None, heldout_points: int) -> float:
+    """A held-out phase as a share of this trial's search benchmark: under goodput the held-out split's
+    rate points for the ones its search measured (`measured`, the trial's; the shipped trace: 2 of 5),
+    otherwise one (the same requests a phase). heldout_points 0: not goodput."""
+    points = len(((measured or {}).get("goodput") or {}).get("points") or [])
+    return min(1.0, heldout_points / points) if points and heldout_points else 1.0
+
+
 def plan(timings: dict, instances_left: int, aa_left: bool, left_s: float, spent_s: float,
          points: int | None = None, start_scale: float = 1.0, heldout_share: float = 1.0) -> dict:
     # start_scale: later starts as a fraction of this instance's (WARM_START after a cold first one)

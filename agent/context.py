@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -108,6 +109,18 @@ class RunContext:
     defaults: dict = field(default_factory=dict)
     refusal_check: RefusalCheck | None = None
     worker_id: int | None = None   # this process's row in the run's workers (agent.crew.join): its trials carry it
+
+    @cached_property
+    def heldout_points(self) -> int:
+        """The goodput rate points the held-out split allows (0 under any other objective): how long
+        a held-out phase is, for the budget (agent.budget.heldout_share)."""
+        from sandbox.workload import load_workload
+
+        try:
+            meter = load_workload(self.settings.workload)
+        except (OSError, ValueError):   # a worker that cannot read the run's traffic: held-out phases as long
+            return 0                    # as search ones, the estimate before this was kept
+        return meter.with_split("heldout").rate_points() if meter.objective == "goodput" else 0
 
     @property
     def home(self) -> Path:

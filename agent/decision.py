@@ -71,13 +71,18 @@ def decide_passed(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, his
             branch(ctx, seams, row, base, history)
 
 
-def defaults_like(history: list[Trial]) -> Trial:
+def heldout_s(t: Trial, heldout_points: int) -> float:
+    """How long a held-out instance like trial t's server takes (agent.budget.heldout_instance_s)."""
+    return budget.heldout_instance_s(t.timings, budget.heldout_share(t.measured, heldout_points))
+
+
+def defaults_like(history: list[Trial], heldout_points: int = 0) -> Trial:
     """The instance of the defaults whose phases stand for an extra one's: the slowest but the cold
     first one where others ran (the H200's first start took 213 s against 53-68 s later, and standing
     for an extra instance it refused a decision's third look with 184 s left for one of about 100,
     2026-12-04); an A/A counts by its own held-out phase."""
     ran = [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"]
-    return max(ran[1:] or ran, key=lambda t: budget.heldout_instance_s(t.timings))
+    return max(ran[1:] or ran, key=lambda t: heldout_s(t, heldout_points))
 
 
 def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> None:
@@ -128,7 +133,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
         # As long as the slowest held-out instance so far, or as the config's own measured phases: an
         # instance of the defaults can be slower than the candidate's (a fresh clone's was killed at
         # its deadline when the candidate's held-out time stood for it).
-        needed = max([*times, budget.heldout_instance_s(like.timings)])
+        needed = max([*times, heldout_s(like, ctx.heldout_points)])
         if clock.seconds_left(run.deadline_at) < needed:
             raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
                                 f"needed, {clock.seconds_left(run.deadline_at):.0f} s left)")
@@ -149,7 +154,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
                                  flags=defaults_row.flags, env=defaults_row.env, lossless=True,
                                  rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
-            tps = instance(extra, 1, like=defaults_like(history))
+            tps = instance(extra, 1, like=defaults_like(history, ctx.heldout_points))
         except MeasureFailed as e:
             finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
             raise

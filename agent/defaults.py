@@ -143,23 +143,13 @@ def no_more_defaults(run, aa: Trial) -> str | None:
     return None
 
 
-def heldout_share(ctx: RunContext, points: int | None) -> float:
-    """A held-out phase as a share of the search benchmark: under goodput, at most the held-out split's
-    rate points for the search's `points`; otherwise (the same requests a phase) one."""
-    if not points:
-        return 1.0
-    from sandbox.workload import load_workload
-
-    return min(1.0, load_workload(ctx.settings.workload).with_split("heldout").rate_points() / points)
-
-
 def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: bool, first: bool) -> dict:
     """What the budget fits after this instance of the defaults; the run stops here, before spending
     the rest, when a first decision cannot finish, even with warm starts after a cold first one."""
     left = clock.seconds_left(ctx.run.deadline_at)
     spent = clock.seconds_since(ctx.run.started_at)
     points = len(((last.measured or {}).get("goodput") or {}).get("points") or []) or None
-    share = heldout_share(ctx, points)
+    share = budget.heldout_share(last.measured, ctx.heldout_points)
     plan = budget.plan(last.timings, instances_left, aa_left, left, spent, points, heldout_share=share)
     hopeful = budget.plan(last.timings, instances_left, aa_left, left, spent, points,
                           start_scale=budget.WARM_START if first else 1.0, heldout_share=share)

@@ -52,7 +52,8 @@ class Snapshot:
 
     def over(self, ctx: RunContext) -> bool:
         """No time for one more trial, or the trial cap reached."""
-        return self.left <= expected_trial_s(self.history) or spent(self.history, ctx.settings.max_trials)
+        return (self.left <= expected_trial_s(self.history, ctx.heldout_points)
+                or spent(self.history, ctx.settings.max_trials))
 
 
 def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None = None,
@@ -258,17 +259,20 @@ def narrow(space: Space, planner: Planner, history: list[Trial], run: Run, seams
     return space
 
 
-def expected_trial_s(history: list[Trial]) -> float:
+def expected_trial_s(history: list[Trial], heldout_points: int = 0) -> float:
     """The longest candidate trial so far with its first held-out instance (before any candidate, the
     latest instance of the defaults with one): no trial starts whose first decision the measured
     times say cannot finish. Before any held-out instance has run, one is counted as the trial's own
     start, warm-up and benchmark."""
-    durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_first_s", budget.heldout_instance_s(t.timings))
+    share = lambda t: budget.heldout_share(t.measured, heldout_points)  # noqa: E731
+    durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_first_s",
+                                                             budget.heldout_instance_s(t.timings, share(t)))
                  for t in history if t.status in ("ok", "failed") and t.source in CANDIDATES]
     if durations:
         return max(durations)
     defaults = [t for t in history if t.status == "ok" and t.source in DEFAULTS_SOURCES]
-    return budget.plan(defaults[-1].timings, 0, False, 0, 0)["decided_in_s"] if defaults else 0.0
+    return budget.plan(defaults[-1].timings, 0, False, 0, 0,
+                       heldout_share=share(defaults[-1]))["decided_in_s"] if defaults else 0.0
 
 
 def best_ratio(history: list[Trial]) -> float | None:

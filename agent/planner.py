@@ -234,11 +234,19 @@ class BuiltinPlanner:
                 evidence += (f" (about {_tokens_per_step(repeats, k):.1f} tokens a step at k={k} against "
                              f"{_tokens_per_step(repeats, 4):.1f} at k=4, if drafts are accepted as often)")
             # lookup 2..k up to 8: the configs measured (k=4 lookup 2..4 committed, k=8 lookup 2..8 at 1.81x)
-            yield ({**start, **drafter, "speculative-config.num_speculative_tokens": k,
-                    "speculative-config.prompt_lookup_min": 2, "speculative-config.prompt_lookup_max": min(k, 8)},
-                   f"the workload runs {facts.get('concurrency', 1)} stream(s) at a time, {evidence}, and each "
-                   f"decode step is mostly overhead; {drafter['speculative-config.method']} speculation (k={k}, "
-                   f"lookup 2..{min(k, 8)}) on top of {basis}", "fewer decode steps per token when outputs repeat their context")
+            move = {**start, **drafter, "speculative-config.num_speculative_tokens": k,
+                    "speculative-config.prompt_lookup_min": 2, "speculative-config.prompt_lookup_max": min(k, 8)}
+            yield (move, f"the workload runs {facts.get('concurrency', 1)} stream(s) at a time, {evidence}, and each "
+                         f"decode step is mostly overhead; {drafter['speculative-config.method']} speculation (k={k}, "
+                         f"lookup 2..{min(k, 8)}) on top of {basis}",
+                   "fewer decode steps per token when outputs repeat their context")
+            # The longer draft gained but was not accepted (or did not run): the shorter one once, as the
+            # short first move would have been; one slower than the defaults ends speculation's first moves.
+            tried = [t for t in history if t.params == move]
+            if k != 4 and tried and all(t.tps_ratio is None or t.tps_ratio >= 1 for t in tried):
+                yield ({**move, "speculative-config.num_speculative_tokens": 4, "speculative-config.prompt_lookup_max": 4},
+                       f"k={k} (trial {tried[-1].number}) was not accepted; the shorter draft (k=4, lookup 2..4) on "
+                       f"top of {basis}, {evidence}", "fewer wasted drafts than k=8 where fewer are accepted")
             return
         yield from _draft_length(space, start, basis, history)
 

@@ -30,6 +30,8 @@ class Unsustained(Exception):
     burst, not a sustained load, so holding it says nothing about the rate (measured on 2 cores,
     2026-12-02: 4 requests a point let core binding "hold" 4.5 requests/s and a trace 462). The search
     stops there: what held and broke below it stands; above it, points of this size cannot judge."""
+
+
 class Hopeless(Exception):
     """A point broke at or below the rate the search was told to give up under: the goodput lies below it."""
 

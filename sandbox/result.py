@@ -100,7 +100,7 @@ class TrialResult:
     bench_heldout: Figures | None = None
     quality: Quality | None = None
     quality_skipped: str | None = None   # why quality was not measured: too slow to be accepted anyway
-    pruned: dict | None = None           # after_requests, of, upper_tps, below_tps
+    pruned: dict | None = None           # after_requests, of, upper_tps, below_tps (under goodput: requests/s)
     metrics: dict | None = None          # the engine's Prometheus counters over the measured phase
     timings: dict[str, float] = field(default_factory=dict)
     workload: dict = field(default_factory=dict)        # the meter: name, version, hash, split, summary

@@ -80,7 +80,8 @@ class TrialSpec:
     deadlines: Deadlines = field(default_factory=Deadlines)
     trust_remote_code: bool = False
     repeats: int = 1  # measured phases on the same server; the result reports their median
-    prune_below_tps: float | None = None  # stop the benchmark once its TPS cannot reach this (see bench.Pruner)
+    prune_below_tps: float | None = None  # stop the benchmark once its figure cannot reach this (bench.Pruner;
+    #                                       under goodput, in requests/s: goodput.search's give_up_below)
     quality_above_tps: float | None = None  # measure quality only when the benchmark's TPS is above this
 
     def server_args(self) -> list[str]:
@@ -171,7 +172,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     for key in ("prune_below_tps", "quality_above_tps"):
         value = raw.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e7):
-            raise SpecError(f"{source}.{key}: {value!r} is not a TPS figure")
+            raise SpecError(f"{source}.{key}: {value!r} is not a figure from 0 to 1e7")
     prune, quality_above = raw.get("prune_below_tps"), raw.get("quality_above_tps")
     quality_text = raw.get("quality_text")
     if quality_text is not None and not isinstance(quality_text, str):

@@ -112,6 +112,14 @@ def test_on_a_gpu_answers_that_repeat_most_of_their_words_start_with_the_longer_
     assert short.params["speculative-config.prompt_lookup_max"] == 4 and "tokens a step" not in short.rationale
     (cpu,) = [p for p in propose([defaults(0.95)]) if "speculative-config.method" in p.params]
     assert cpu.params["speculative-config.num_speculative_tokens"] == 4
+    assert say([defaults(0.8)])[0].params["speculative-config.num_speculative_tokens"] == 8   # the bound is in
+    assert say([defaults(0.79)])[0].params["speculative-config.num_speculative_tokens"] == 4
+    # k=8 gained but was not accepted (the held-out decision): k=4 next, once; slower than the defaults: none.
+    (fallback,) = say([defaults(0.85), trial(1, long_.params, ratio=1.2, passed=False)])
+    assert fallback.params == {**long_.params, "speculative-config.num_speculative_tokens": 4,
+                               "speculative-config.prompt_lookup_max": 4} and "k=8 (trial 1)" in fallback.rationale
+    assert not say([defaults(0.85), trial(1, long_.params, ratio=0.9, passed=False)])
+    assert not say([defaults(0.85), trial(1, long_.params, ratio=1.2, passed=False), trial(2, fallback.params, passed=False)])
 
 
 def test_batching_and_kv_moves_cite_the_metric_that_triggered_them():
