@@ -152,7 +152,8 @@ def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: 
     share = budget.heldout_share(last.measured, ctx.heldout_points)
     plan = budget.plan(last.timings, instances_left, aa_left, left, spent, points, heldout_share=share)
     hopeful = budget.plan(last.timings, instances_left, aa_left, left, spent, points,
-                          start_scale=budget.WARM_START if first else 1.0, heldout_share=share)
+                          start_scale=budget.WARM_START if first else 1.0, heldout_share=share,
+                          candidate_share=min(1.0, budget.CANDIDATE_POINTS / points) if points else 1.0)
     if hopeful["fits"] != "decision":
         raise BudgetTooShort(budget.plan_line(plan) + "; stopped here rather than spend the rest")
     return {**plan, "upper_bound": plan["fits"] != "decision"}

@@ -500,6 +500,22 @@ def test_a_goodput_plan_counts_the_held_out_phase_by_its_rate_points():
     assert budget.heldout_instance_s(aa) == budget.heldout_instance_s(aa, 0.4) == 61 + 40 + 2 + 78
 
 
+def test_a_goodput_plan_hopes_for_a_candidate_search_of_two_rate_points():
+    """The shipped trace's first instance of the run of 2026-12-04 17:52 (7.3 min, 5 points, 300 s of
+    them): 23 minutes left. Counting the candidate as a whole instance of the defaults, warm starts or
+    not, no decision fits and the run stopped; a candidate's search decides in two points (core
+    binding's took 2.6 min), so the hopeful plan, the one a run must miss before it stops, fits."""
+    first = {"total_s": 438.0, "start_s": 61.0, "warmup_s": 40.0, "benchmark_s": 300.0, "quality_s": 35.0,
+             "teardown_s": 2.0}
+    args = (first, 1, True, 23 * 60, 438.0, 5)
+    whole = budget.plan(*args, start_scale=budget.WARM_START, heldout_share=0.4)
+    hopeful = budget.plan(*args, start_scale=budget.WARM_START, heldout_share=0.4,
+                          candidate_share=budget.CANDIDATE_POINTS / 5)
+    assert whole["decided_in_s"] - hopeful["decided_in_s"] == 300 * 3 / 5   # three of the five points
+    assert whole["fits"] != "decision" and hopeful["fits"] == "decision"
+    assert budget.plan(*args)["candidate_in_s"] == hopeful["candidate_in_s"]   # the defaults' cost unchanged
+
+
 def test_a_budget_too_short_for_a_first_decision_stops_after_the_first_instance(tmp_path):
     """Each instance takes a second here: after the first, a decision needs about four more, and 3 s
     are left. The run says so and stops, instead of measuring the defaults until the deadline."""
