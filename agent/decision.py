@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agent import budget, clock, gate, gitops, proposal
 from agent.context import RunContext, Seams
+from agent.defaults import goodput_start
 from agent.gate import Baseline, GateSettings, MeasureFailed
 from agent.ledger import Trial
 from agent.recording import finish, measure, record
@@ -16,9 +17,11 @@ def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, h
     """Run one candidate, gate it, decide it, branch it if accepted: all of it in its ledger row. A
     worker (coordinator False) stops at the gate: what passes is put forward to the coordinator."""
     settings, ledger = ctx.settings, seams.ledger
+    start = goodput_start(history)   # under goodput: the search starts at the defaults' figure
     result = measure(ctx, seams, row, max(clock.seconds_left(ctx.run.deadline_at), 1),
                      prune_below_tps=gate.prune_below(base) if settings.prune else None,
-                     quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None)
+                     quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None,
+                     **({"goodput_start": start} if start else {}))
     row = record(ledger, row, result)
     if result.status == "pruned" or result.quality_skipped:
         cut_short(seams, row, result, base)
@@ -128,7 +131,9 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
     measured: list[TrialResult] = []
 
     def instance(target: Trial, n: int, like: Trial = row) -> float:
-        """The n-th fresh server of `target` measured on the held-out prompts: its figure."""
+        """The n-th fresh server of `target` measured on the held-out prompts: its figure. Under goodput
+        its search starts where the config's search figure is, as the A/A's held-out phase does on its
+        own server: the candidate's own, or the defaults' for an extra instance of them."""
         suffix = f"-{n}" if target is row else ""   # an extra instance of the defaults is its row's only one
         # As long as the slowest held-out instance so far, or as the config's own measured phases: an
         # instance of the defaults can be slower than the candidate's (a fresh clone's was killed at
@@ -138,8 +143,10 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
             raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
                                 f"needed, {clock.seconds_left(run.deadline_at):.0f} s left)")
         say("phase", number=row.number, phase=f"held-out instance {suffix}")
+        start = (row.tps if target is row else goodput_start(history)) if goodput_start(history) else None
         result = measure(ctx, seams, target, max(clock.seconds_left(run.deadline_at), 1),
-                         suffix=f"-heldout{suffix}", workload=inline, quality="none")
+                         suffix=f"-heldout{suffix}", workload=inline, quality="none",
+                         **({"goodput_start": start} if start else {}))
         times.append(result.timings["total_s"])
         if not result.ok:
             raise MeasureFailed(f"a held-out instance failed: {result.failure.klass}: {result.failure.message[:200]}")

@@ -3,6 +3,7 @@ figures for decisions), and what the budget fits after the first of them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from agent import budget, clock, gate
@@ -159,14 +160,27 @@ def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: 
     return {**plan, "upper_bound": plan["fits"] != "decision"}
 
 
+def goodput_start(history: list[Trial]) -> float | None:
+    """Where a later goodput search starts (sandbox.goodput.first_step): the defaults' goodput as their
+    instances measured it so far, the geometric mean of their search figures. None before the first
+    instance, or when the objective is not goodput (the spec then leaves the start to the profile)."""
+    found = [t.tps for t in history if t.source in DEFAULTS_SOURCES and t.status == "ok" and t.tps
+             and (t.measured or {}).get("goodput")]
+    return round(math.exp(sum(map(math.log, found)) / len(found)), 6) if found else None
+
+
 def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> Trial:
     """One fresh server with the engine defaults, measured on the search prompts; the A/A instance on
-    the held-out prompts too (its figure there is what held-out decisions first compare with)."""
+    the held-out prompts too (its figure there is what held-out decisions first compare with). Under
+    goodput every instance after the first starts its search at the defaults' figure so far, as
+    candidates do: the same search for every config but the first."""
     run, ledger = ctx.run, seams.ledger
+    start = goodput_start(ledger.trials(run.id))
     row = open_trial(ctx, ledger, {}, source, rationale=rationale)
     seams.say("trial", number=row.number, source=source, params={}, left_s=clock.seconds_left(run.deadline_at),
               best=None)
-    result = measure(ctx, seams, row, max(clock.seconds_left(run.deadline_at), 1), heldout_bench=source == "aa")
+    result = measure(ctx, seams, row, max(clock.seconds_left(run.deadline_at), 1), heldout_bench=source == "aa",
+                     **({"goodput_start": start} if start else {}))
     row = record(ledger, row, result)
     if not result.ok:
         failure = result.failure

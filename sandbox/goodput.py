@@ -4,8 +4,9 @@ Under an open-loop rate below saturation a server's tokens/s is the offered load
 config, so tokens/s cannot rank configs there. What can: how far the rate can rise before p99
 TTFT, p99 inter-token latency or p99 end-to-end latency break their bounds. The search measures
 rate points (each a fresh draw of requests on the same seeded arrival pattern, scaled to the rate),
-doubling or halving from a start until one point holds and one breaks, then bisects between them
-until the two are within `tolerance` of the upper one. The figure is where, between the last rate
+doubling or halving from a start until one point holds and one breaks (from a figure measured
+before, in steps that start at twice the tolerance: first_step), then bisects between them until
+the two are within `tolerance` of the upper one. The figure is where, between the last rate
 that held and the first that broke, the binding p99 crosses its bound (linearly).
 
 Not `vllm bench serve --goodput`: that is the share of requests meeting per-request SLOs, per
@@ -102,17 +103,36 @@ def point(rate: float, result: BenchResult, slo: Slo) -> Point:
                  tps=result.tps, misses=slo.misses(result))
 
 
+def first_step(near: bool, max_points: int, tolerance: float) -> float:
+    """The factor of the search's first step from its start. From a figure this run already measured
+    (`near`: the defaults' goodput, for their later instances and for candidates), twice the
+    tolerance, so that a config close to it is bracketed and settled in three points where doubling
+    takes five or more (the shipped trace on 2 cores: each later instance of the defaults bisected
+    all five of its points again from the trace's pace, about a minute each). Each further step
+    squares the factor, up to doubling, so a config far from the start is still reached in a few.
+    With fewer than four points (the shipped trace's held-out split allows two), doubling: two
+    narrow steps that both hold leave only a lower bound."""
+    return 1 + 2 * tolerance if near and max_points >= 4 else 2.0
+
+
 def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tolerance: float = 0.05,
-           max_points: int = 12, give_up_below: float | None = None) -> Goodput:
+           max_points: int = 12, give_up_below: float | None = None, near: bool = False) -> Goodput:
     """Bracket, then bisect; at most max_points measurements (the split bounds how many fresh draws
     a server gets), and no lower than start / 64 (goodput 0 below it). Unconverged when the points
     ran out first: the bounds say how far it got. give_up_below: a point that breaks at or below this
     rate ends the search (`pruned_at`): the goodput is below it, and the points under it would only
     say how far below (a candidate that cannot reach the defaults' goodput, at 24 requests a point
-    and a fifth of the defaults' rate, spends 2 minutes a point there)."""
+    and a fifth of the defaults' rate, spends 2 minutes a point there). near: the start is a figure
+    measured before, so the bracket grows from a small first step (first_step)."""
     if not slo.bounds():
         raise ValueError("goodput needs at least one SLO (TTFT, ITL or end-to-end p99)")
     points: list[Point] = []
+    factor = first_step(near, max_points, tolerance)
+
+    def step() -> float:   # this step's factor; the next one's is its square, at most 2
+        nonlocal factor
+        now, factor = factor, min(factor * factor, 2.0)
+        return now
 
     def holds(rate: float) -> bool:
         result = measure(rate)
@@ -133,12 +153,12 @@ def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tole
         if holds(rate):
             lo = rate
             while hi is None and len(points) < max_points:
-                rate *= 2
+                rate *= step()
                 lo, hi = (rate, None) if holds(rate) else (lo, rate)
         else:
             hi = rate
-            while lo is None and len(points) < max_points and rate > start / 2 ** MAX_HALVINGS:
-                rate /= 2
+            while lo is None and len(points) < max_points and rate > start / 2 ** MAX_HALVINGS * (1 + 1e-9):
+                rate /= step()
                 lo, hi = (rate, hi) if holds(rate) else (None, rate)
         while lo is not None and hi is not None and (hi - lo) / hi > tolerance and len(points) < max_points:
             mid = (lo + hi) / 2

@@ -98,8 +98,8 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
                on_measured: Callable[[goodput.Point], None] = lambda point: None,
                start: float | None = None, give_up_below: float | None = None) -> Figures:
     """The objective goodput on one server: rate points, each a fresh draw of the workload's split on
-    the same seeded arrival pattern scaled to its rate (sandbox.goodput), from `start` (default: the
-    profile's rate). The instance's figure is the highest rate that held its SLOs; the latencies
+    the same seeded arrival pattern scaled to its rate (sandbox.goodput), from `start`, a figure
+    measured before (default: the profile's rate, doubling from there). The instance's figure is the highest rate that held its SLOs; the latencies
     shown are that point's. on_point hears of a point before it is measured, on_measured gets it
     once judged (a cut search keeps what it saw)."""
     draws = iter(range(workload.rate_points()))
@@ -128,7 +128,7 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
         raise TrialFailure("bad_output", f"{workload.where(workload.prompt_split)}: goodput needs at least two "
                                          f"fresh draws of {workload.num_prompts} requests on one server")
     found = goodput.search(measure, workload.slo(), start or workload.start_rate(), max_points=workload.rate_points(),
-                           give_up_below=give_up_below)
+                           give_up_below=give_up_below, near=start is not None)
     if found.pruned_at is not None:   # hopeless: its figure is the rate it broke at, an upper bound
         return Figures(**measured[-1].to_dict(), objective="goodput", figure=found.pruned_at, goodput=found.as_dict(),
                        repeats_tps=[found.pruned_at], points_tps=[m.tps for m in measured],
@@ -213,7 +213,8 @@ class TrialRun:
         self.enter("benchmark")
         spec, workload = self.spec, self.spec.workload
         if workload.objective == "goodput":
-            self.result.bench = found = self.goodput(workload, give_up_below=spec.prune_below_tps)
+            self.result.bench = found = self.goodput(workload, start=spec.goodput_start,
+                                                     give_up_below=spec.prune_below_tps)
             self.lap("benchmark")
             if found.goodput["pruned_at"] is not None:
                 self.result.status = "pruned"

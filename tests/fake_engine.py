@@ -88,7 +88,11 @@ class FakeEngine:
             greedy[0][2] += 1
         # Under the objective goodput the worker's figure is requests/s within the SLOs: here tps / 20.
         goodput = load_workload(spec["workload"]).objective == "goodput"
-        figure = (lambda x: {"objective": "goodput", "figure": round(x / 20, 4)}) if goodput else (lambda x: {})
+        # As the worker's search records it: a bracket of 3 points around the figure, from its start.
+        start = spec.get("goodput_start") or 0.75
+        figure = (lambda x: {"objective": "goodput", "figure": round(x / 20, 4), "goodput": {
+            "rate": round(x / 20, 4), "bounds": [round(x / 20 * 0.98, 4), round(x / 20 * 1.02, 4)], "converged": True,
+            "points": [{"rate": start}, {}, {}]}}) if goodput else (lambda x: {})
         return TrialResult(
             status="ok", log_path=str(trial_dir / "server.log"),
             bench_heldout=Figures(tps=round(tps * 0.97, 3), **figure(tps * 0.97)) if spec.get("heldout_bench") else None,

@@ -155,6 +155,29 @@ def test_the_search_brackets_then_bisects_to_the_known_capacity_within_five_perc
     assert [p.held for p in found.points] == [r <= capacity for r in measured]
 
 
+@pytest.mark.parametrize("capacity, near_points, doubling_points", [(1.03, 3, 7), (0.97, 3, 6), (3.7, 9, 7),
+                                                                    (0.3, 10, 7)])
+def test_a_search_started_at_a_measured_figure_settles_a_config_near_it_in_three_points(capacity, near_points,
+                                                                                         doubling_points):
+    """From the defaults' figure (near): a first step of twice the tolerance, each next one its square
+    up to doubling. A config within a few percent of the start is bracketed and settled in three points
+    where doubling takes six or seven; one far from it is still settled, in two or three points more."""
+    def measure(rate):
+        return figures(ttft_p99=50.0 if rate <= capacity else 900.0)
+
+    near, doubling = (search(measure, Slo(ttft_p99_ms=200), start=1.0, near=flag) for flag in (True, False))
+    for found in (near, doubling):
+        lo, hi = found.bounds
+        assert found.converged and lo <= capacity < hi and (hi - lo) / hi <= 0.05
+    assert (len(near.points), len(doubling.points)) == (near_points, doubling_points)
+    assert near.points[1].rate == round(1.1 if capacity >= 1 else 1 / 1.1, 6)
+    if capacity == 3.7:   # up by 1.1, then 1.21, 1.4641, then doubling
+        assert [p.rate for p in near.points[:4]] == [1.0, 1.1, 1.331, 1.948717]
+    # Fewer than four points (a held-out split's two): doubling, or two narrow steps would both hold.
+    assert [p.rate for p in search(measure, Slo(ttft_p99_ms=200), start=1.0, near=True, max_points=2).points] == [
+        1, 2 if capacity >= 1 else 0.5]
+
+
 def test_the_search_says_what_it_could_not_settle_and_names_a_percentile_from_few_requests():
     always = search(lambda rate: figures(ttft_p99=10.0, requests=40), Slo(ttft_p99_ms=200), start=1.0, max_points=4)
     assert not always.converged and always.bounds == (8.0, None) and always.rate == 8.0
@@ -198,7 +221,8 @@ def test_a_workload_whose_objective_cannot_rank_under_its_arrivals_is_refused(fi
 
 
 def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: float = 300.0,
-                  heldout: bool = False, prune_below: float | None = None) -> dict:
+                  heldout: bool = False, prune_below: float | None = None, start: float | None = None,
+                  out: str = "") -> dict:
     """One real worker on the stand-in: 10 tokens of 10 ms a request, `slots` decoding at once, so
     its capacity is slots * 10 requests a second."""
     monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_SLOTS", "FAKE_TOKEN_S"))
@@ -210,8 +234,9 @@ def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: f
                 "prompt_split": "search", "traffic": str(traffic), "arrivals": f"{rate},burstiness=1000,seed=1",
                 "objective": "goodput", "slo_ttft_p99_ms": ttft_ms}
     spec = specs.from_dict({"model": "fake", "workload": workload, "deadlines": {"start_s": 30},
-                            "heldout_bench": heldout, "prune_below_tps": prune_below})
-    out = tmp_path / f"s{slots}"
+                            "heldout_bench": heldout, "prune_below_tps": prune_below,
+                            **({"goodput_start": start} if start else {})})
+    out = tmp_path / f"s{slots}{out}"
     out.mkdir()
     return run_trial(spec, out / "server.log", out / "progress.json", launcher=FAKE)
 
@@ -294,6 +319,22 @@ def test_a_config_that_no_judgeable_load_breaks_keeps_its_last_held_load_as_a_lo
     assert all(p["held"] for p in g["points"]) and rates == [5 * 2 ** i for i in range(len(rates))]
     assert len(rates) >= 2 and g["bounds"] == [rates[-2], None] and g["rate"] == rates[-2] and not g["converged"]
     assert f"at {rates[-1]:g} requests/s" in g["burst"] and result.bench.figure == rates[-2]
+
+
+def test_a_trial_told_the_defaults_goodput_starts_there_and_settles_it_in_fewer_points(tmp_path, monkeypatch):
+    """The stand-in's goodput bisected from the profile's rate, then a fresh server told that figure
+    (as the agent tells every instance after the defaults' first, and every candidate): its first
+    point is there, its second one step of twice the tolerance away, and it settles in fewer points
+    on about the same figure."""
+    first = goodput_trial(tmp_path, monkeypatch, 1, "rate:5")
+    assert first.status == "ok", first.failure
+    figure = first.bench.figure
+    again = goodput_trial(tmp_path, monkeypatch, 1, "rate:5", start=figure, out="again")
+    assert again.status == "ok", again.failure
+    rates = [p["rate"] for p in again.bench.goodput["points"]]
+    assert rates[0] == round(figure, 6) and round(rates[1] / rates[0], 3) in (1.1, round(1 / 1.1, 3))
+    assert len(rates) < len(first.bench.goodput["points"]), (rates, first.bench.goodput["points"])
+    assert again.bench.goodput["converged"] and abs(again.bench.figure / figure - 1) < 0.15
 
 
 def test_the_held_out_goodput_search_starts_at_the_same_servers_search_figure(tmp_path, monkeypatch):

@@ -594,3 +594,34 @@ def test_an_extra_instance_of_the_defaults_is_timed_by_the_warm_ones_not_the_col
     cold, warm, aa = instance(0, "baseline", 213), instance(1, "baseline", 68), instance(2, "aa", 53, heldout_s=25)
     assert defaults_like([cold, warm, aa]) is warm and budget.heldout_instance_s(warm.timings) == 102
     assert defaults_like([cold]) is cold
+
+
+def test_under_goodput_every_search_after_the_defaults_first_starts_at_their_figure_so_far(tmp_path):
+    """The defaults' first instance brackets from the profile's rate; every later instance of them, and
+    every candidate, starts at the defaults' goodput so far (their figures' geometric mean), and a
+    held-out instance at its config's own search figure: the same search for all but the first."""
+    import math
+
+    engine = FakeEngine()
+    settings = Settings(model="m", workload="trace-cpu", max_trials=3, facts={"cpus": 2, "concurrency": 1})
+    ledger, _ = _run(tmp_path, "gs", engine, settings)
+    trials = {t.number: t for t in ledger.trials("gs")}
+    searched = [s for s in engine.specs if load_split(s) == "search"]
+    assert "goodput_start" not in searched[0] and all("goodput_start" in s for s in engine.specs[1:])
+    defaults = [t.tps for t in ledger.trials("gs") if t.source in ("baseline", "aa")]
+    assert len(defaults) == 3 and len(searched) > 3
+    for i, spec in enumerate(searched[1:3], start=1):   # the second baseline instance, then the A/A
+        assert math.isclose(spec["goodput_start"], math.exp(sum(map(math.log, defaults[:i])) / i), rel_tol=1e-5)
+    assert all(math.isclose(s["goodput_start"], math.exp(sum(map(math.log, defaults)) / 3), rel_tol=1e-5)
+               for s in searched[3:])   # candidates (no drift or extra instance of the defaults here)
+    heldout = [s for s in engine.specs if load_split(s) == "heldout"]   # the candidates' held-out instances
+    config = lambda s: repr((s["flags"], s["env"]))  # noqa: E731
+    own = {config(vars(t)): t.tps for t in trials.values() if t.source in ("planner", "sampler") and t.tps}
+    assert len(heldout) >= 2 and all(s["goodput_start"] == own[config(s)] for s in heldout)
+    assert not any(t.source == "extra" for t in trials.values())
+
+
+def load_split(spec: dict) -> str:
+    from sandbox.workload import load_workload
+
+    return load_workload(spec["workload"]).prompt_split

@@ -50,6 +50,9 @@ def test_allowed_environment_is_stringified():
     ({"model": "m", "workload": "nope"}, "'nope'"),
     ({"model": "m", "deadlines": {"start_s": "soon"}}, "deadlines"),
     ({"model": "m", "trust_remote_code": "yes"}, "trust_remote_code"),
+    ({"model": "m", "goodput_start": 0}, "goodput_start: 0 is not a request rate above 0"),
+    ({"model": "m", "goodput_start": "fast"}, "goodput_start: 'fast'"),
+    ({"model": "m", "goodput_start": True}, "goodput_start: True"),
 ])
 def test_malformed_specs_are_refused(raw, needle):
     with pytest.raises(specs.SpecError) as err:
