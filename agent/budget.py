@@ -83,6 +83,17 @@ def plan(timings: dict, instances_left: int, aa_left: bool, left_s: float, spent
             else "nothing"}
 
 
+def decision_looks(p: dict, timings: dict, looks: int | None, gain: float, noise_sd: float,
+                   heldout_share: float = 1.0) -> dict:
+    """The plan with what a decision on a gain near the noise costs: `looks` fresh held-out instances
+    of the candidate (agent.gate.looks_needed) and one fewer further instances of the defaults, each
+    a held-out instance; the plan's own first decision is one look (a gain well above the noise)."""
+    one = heldout_instance_s(timings, heldout_share)
+    near = None if looks is None else round(p["decided_in_s"] + (2 * looks - 2) * one)
+    return {**p, "near_gain": round(gain, 3), "near_noise": round(noise_sd, 4), "near_looks": looks,
+            "near_decided_in_s": near}
+
+
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
@@ -93,6 +104,13 @@ def plan_line(p: dict) -> str:
     head = (f"plan: an instance of the defaults took {minutes(p['instance_s'])} here{points}; "
             f"{p['before_candidate']} more before the first candidate (in about {minutes(p['candidate_in_s'])}), "
             f"its first decision in about {minutes(p['decided_in_s'])}; {minutes(p['left_s'])} left")
+    if p.get("near_gain"):
+        looks = p.get("near_looks")
+        head += (f"; a {p['near_gain']:.2f}x gain at ±{p['near_noise']:.1%} noise takes about {looks} held-out "
+                 f"instances of the candidate and {looks - 1} more of the defaults "
+                 f"(first decision in about {minutes(p['near_decided_in_s'])})" if looks else
+                 f"; a {p['near_gain']:.2f}x gain at ±{p['near_noise']:.1%} noise cannot be decided within the "
+                 f"held-out instances allowed")
     if p["fits"] == "decision":
         return head
     need = p.get("need_s", p["decided_in_s"] + p["instance_s"])   # from the run's start

@@ -85,7 +85,8 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     done = sum(1 for t in history if t.source == "baseline" and t.status == "ok")
     for i in range(settings.baseline_instances - done):
         last = run_defaults(ctx, seams, "baseline", "engine defaults")
-        plan = fits_a_decision(ctx, last, settings.baseline_instances - done - i - 1, True, first=done + i == 0)
+        plan = fits_a_decision(ctx, last, settings.baseline_instances - done - i - 1, True, first=done + i == 0,
+                               instances=[t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"])
         if done + i == 0:   # the first instance says what the budget fits
             ledger.update(run, calibration={**(run.calibration or {}), "plan": plan})
             say("plan", **plan)
@@ -116,8 +117,10 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
         history = ledger.trials(run.id)
         base = baseline_from(history, settings.gate)
     if not any(t.source in CANDIDATES for t in history):   # before the first candidate (a resume may be past it)
-        fits_a_decision(ctx, [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"][-1],
-                        0, False, first=False)
+        measured = [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"]
+        plan = fits_a_decision(ctx, measured[-1], 0, False, first=False, instances=measured)
+    else:
+        plan = None
     for t in history:
         if t.source == "baseline" and t.status == "ok":
             ledger.update(t, tps_ratio=round(t.tps / base.tps, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
@@ -129,6 +132,8 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     say("baseline", tps=base.tps, ppl=base.ppl, noise=noise.sd, df=noise.df, instances=base.search,
         calibration=base.calibration.as_dict(), unit=gate.unit((run.settings or {}).get("traffic")),
         prior=(base.prior.sd, base.prior.df), bound_noise=base.noise.sd)
+    if plan:   # at the noise measured now: how many looks a gain near it takes
+        say("plan", **plan)
     return base
 
 
@@ -144,14 +149,21 @@ def no_more_defaults(run, aa: Trial) -> str | None:
     return None
 
 
-def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: bool, first: bool) -> dict:
+def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: bool, first: bool,
+                    instances: list[Trial]) -> dict:
     """What the budget fits after this instance of the defaults; the run stops here, before spending
-    the rest, when a first decision cannot finish, even with warm starts after a cold first one."""
+    the rest, when a first decision cannot finish, even with warm starts after a cold first one (a
+    gain well above the noise decides in one look). The plan also says how many looks a gain near
+    the noise of `instances` (the defaults' so far, with the space's prior) takes (gate.looks_needed)."""
     left = clock.seconds_left(ctx.run.deadline_at)
     spent = clock.seconds_since(ctx.run.started_at)
     points = len(((last.measured or {}).get("goodput") or {}).get("points") or []) or None
     share = budget.heldout_share(last.measured, ctx.heldout_points)
     plan = budget.plan(last.timings, instances_left, aa_left, left, spent, points, heldout_share=share)
+    noise = gate.pooled_noise([[t.tps for t in instances if t.tps]], ctx.settings.gate.noise_prior)
+    near = gate.sized_gain(ctx.settings.gate, noise)
+    plan = budget.decision_looks(plan, last.timings, gate.looks_needed(near, noise, ctx.settings.gate), near,
+                                 noise.sd, share)
     hopeful = budget.plan(last.timings, instances_left, aa_left, left, spent, points,
                           start_scale=budget.WARM_START if first else 1.0, heldout_share=share,
                           candidate_share=min(1.0, budget.CANDIDATE_POINTS / points) if points else 1.0)

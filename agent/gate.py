@@ -437,6 +437,19 @@ def sized_gain(settings: GateSettings, noise: Noise) -> float:
     return max(1 + settings.detect, math.exp(SIZED_SD * noise.sd))
 
 
+def looks_needed(gain: float, noise: Noise, settings: GateSettings) -> int | None:
+    """About how many fresh held-out instances of a candidate `decide` measures before a true `gain`
+    clears 1 + min_gain at the noise (the defaults getting one more whenever they have no more than
+    the candidate: about as many): the smallest n with log(gain) - t * sd * sqrt(2 / n) above
+    log(1 + min_gain). None: not within max_instances, or no noise known to size it by."""
+    margin = math.log(gain) - math.log(1 + settings.min_gain)
+    if noise.df < 1 or margin <= 0:
+        return None
+    spread = t_quantile(settings.level, noise.df) * noise.sd / margin
+    n = max(1, math.ceil(2 * spread ** 2))
+    return n if n <= settings.max_instances else None
+
+
 SIZED_SD = 1.5
 WALD_LOWER = math.log(0.05 / (1 - 0.05))   # Wald's lower boundary for 5% false refusal at the sized gain
 

@@ -1,7 +1,15 @@
 """The meter: run a workload through the OpenAI-compatible API and measure it.
 
-TPS = output tokens of the measured requests / wall time of the measured phase. Warm-up requests
-run first and are never counted. Each request goes through vLLM's own request function, the one
+TPS = output tokens streamed inside the measured phase's steady window / the window's length.
+Closed loop at concurrency C > 1 the window opens once every one of the phase's first C requests
+has streamed its first token (the ramp: until then some slots are still waiting for their first
+prefill) and closes when the phase's last request is sent (the drain: from then on fewer than C
+are in flight); a token counts where its chunk arrived, each request's tokens (the server's
+usage record) spread evenly over its chunks. At one stream, open loop, or a phase too short for a
+window, the window is the whole phase. Latencies count every request of the phase, the ramp's and
+the drain's included. `phase_tps` keeps the whole phase's figure (vllm bench serve's definition:
+every token over the span from the first send to the last byte). Warm-up requests run first and
+are never counted. Each request goes through vLLM's own request function, the one
 `vllm bench serve` uses: token counts from the server's usage record, TTFT and inter-token
 latency from the arrival of streamed chunks, as it reads them. This module holds what that
 function leaves to its caller: pacing (a concurrency cap, open-loop arrivals, a conversation's
@@ -11,6 +19,7 @@ turns in order), the pruner and the phase's figures (docs/meter-vs-vllm-bench.md
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import statistics
@@ -34,6 +43,8 @@ class RequestResult:
     bad_answer: bool = False         # 200 OK, but not a stream of the API's chunks (bad output, not a refusal)
     repeat_hits: int = 0             # output words a prompt lookup would have drafted right (lookup_hits)
     repeat_words: int = 0
+    sent_at: float | None = None     # perf_counter when vLLM's request function sent it
+    chunk_at: list[float] = field(default_factory=list)   # perf_counter of each streamed chunk
 
 
 @dataclass
@@ -53,6 +64,9 @@ class BenchResult:
     tpot_ms: dict[str, float] = field(default_factory=dict)  # per request: (latency - TTFT) / (tokens - 1)
     repeat_hits: int = 0      # over the answered requests: output words a prompt lookup drafts right
     repeat_words: int = 0
+    phase_tps: float | None = None      # every token over the whole phase's wall time (vllm bench serve's figure)
+    window_s: float | None = None       # the steady window tps counts over (None: the whole phase)
+    window_tokens: int | None = None
     # The values behind each latency field, in seconds, so repeats pool into one percentile; not written out.
     samples: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
@@ -184,13 +198,15 @@ async def one_request(session, base_url: str, model: str, request: Request,
     sent = time.perf_counter()
     output = await send(_func_input(erf, base_url.rstrip("/") + ENDPOINTS[request.endpoint], model, request), tap)
     waited = 0.0 if arrived is None else (output.start_time or sent) - arrived
-    result = RequestResult(ok=output.success and tap.stream_error is None, finish=tap.finish)
+    result = RequestResult(ok=output.success and tap.stream_error is None, finish=tap.finish,
+                           sent_at=output.start_time or sent)
     result.latency_s = (output.latency if output.success else time.perf_counter() - sent) + waited
     if result.ok:
         result.output_tokens = int(output.output_tokens or 0)
         result.ttft_s = output.ttft + waited
         result.itl_s = list(output.itl)
         result.repeat_hits, result.repeat_words = lookup_hits(_context(request), output.generated_text or "")
+        result.chunk_at = list(itertools.accumulate(output.itl, initial=(output.start_time or sent) + output.ttft))
     elif tap.stream_error:
         result.error = tap.stream_error
     elif tap.status not in (None, 200):
@@ -332,10 +348,42 @@ def previous_turns(requests: list[Request]) -> list[int | None]:
     return out
 
 
-def summarize(results: list[RequestResult], wall_s: float, requests: list[Request]) -> BenchResult:
-    """The phase's figures; requests are those it was given (a pruned phase answered only some)."""
+def steady_window(results: list[RequestResult], concurrency: int) -> tuple[float, float] | None:
+    """The closed-loop phase's steady window (perf_counter bounds): from the moment every one of its
+    first `concurrency` requests has streamed its first token to the moment its last request was sent.
+    None at one stream, or where the phase has no such stretch (fewer than twice the concurrency, a
+    failed first request, or the last send before the ramp ended)."""
+    sent = sorted((r for r in results if r.sent_at is not None), key=lambda r: r.sent_at)
+    if concurrency <= 1 or len(sent) < 2 * concurrency or len(sent) < len(results):
+        return None
+    first = sent[:concurrency]
+    if not all(r.ok and r.chunk_at for r in first):
+        return None
+    opens, closes = max(r.chunk_at[0] for r in first), sent[-1].sent_at
+    return (opens, closes) if closes > opens else None
+
+
+def window_tokens(results: list[RequestResult], opens: float, closes: float) -> float:
+    """Tokens whose chunk arrived in (opens, closes]: each request's count spread evenly over its chunks."""
+    total = 0.0
+    for r in results:
+        if r.ok and r.chunk_at:
+            inside = sum(1 for t in r.chunk_at if opens < t <= closes)
+            total += r.output_tokens * inside / len(r.chunk_at)
+    return total
+
+
+def summarize(results: list[RequestResult], wall_s: float, requests: list[Request],
+              window_concurrency: int = 1) -> BenchResult:
+    """The phase's figures; requests are those it was given (a pruned phase answered only some).
+    window_concurrency: the closed-loop phase's concurrency, for its steady window (1: open loop or
+    one stream, the whole phase)."""
     ok = [r for r in results if r.ok]
     tokens = sum(r.output_tokens for r in ok)
+    phase_tps = round(tokens / wall_s, 3) if wall_s > 0 else 0.0
+    window = steady_window(results, window_concurrency)
+    counted = window_tokens(results, *window) if window else None
+    span = window[1] - window[0] if window else None
     short = sum(1 for r in ok if r.exact_tokens is not None and r.output_tokens != r.exact_tokens)
     errors = [r for r in results if not r.ok]
     finish: dict[str, int] = {}
@@ -346,7 +394,7 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
                "tpot_ms": [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok
                            if r.ttft_s is not None and r.output_tokens > 1]}
     return BenchResult(
-        tps=round(tokens / wall_s, 3) if wall_s > 0 else 0.0,
+        tps=round(counted / span, 3) if window else phase_tps,   # type: ignore[operator]
         output_tokens=tokens,
         wall_s=round(wall_s, 3),
         requests=len(results),
@@ -361,6 +409,9 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
         tpot_ms=percentiles(samples["tpot_ms"]),
         repeat_hits=sum(r.repeat_hits for r in ok),
         repeat_words=sum(r.repeat_words for r in ok),
+        phase_tps=phase_tps,
+        window_s=round(span, 3) if window else None,
+        window_tokens=round(counted) if window else None,
         samples=samples,
     )
 
@@ -368,5 +419,5 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
 def bench_deadline_s(workload: Workload, floor_tps: float = 2.0) -> float:
     """A generous default deadline: every token at floor_tps per stream, plus slack."""
     longest = workload.longest_output()
-    tokens = (workload.num_prompts + workload.warmup_requests) * longest
+    tokens = (workload.num_prompts + workload.warmup_count()) * longest
     return 60.0 + tokens / (floor_tps * workload.concurrency)

@@ -63,6 +63,9 @@ class Figures:
     hash: str | None = None              # the held-out split's hash, on bench_heldout
     repeat_hits: int = 0                 # output words a prompt lookup drafts right (sandbox.bench.lookup_hits)
     repeat_words: int = 0
+    phase_tps: float | None = None       # every token over the whole phases' time (vllm bench serve's figure)
+    window_s: float | None = None        # the steady windows tps counts over (sandbox.bench; None: whole phases)
+    window_tokens: int | None = None
 
     @property
     def repeat_share(self) -> float | None:

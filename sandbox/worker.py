@@ -75,7 +75,8 @@ async def _measure(server: Server, workload, requests: list, timeout_s: float,
         await sampling
     async with httpx.AsyncClient(timeout=5.0) as client:
         after = await metrics.scrape(client, server.base_url)
-    return bench.summarize(results, wall, requests), metrics.summarize(before, after, sampler)
+    window = workload.concurrency if offsets is None else 1   # closed loop: its steady window (sandbox.bench)
+    return bench.summarize(results, wall, requests, window), metrics.summarize(before, after, sampler)
 
 
 def _repeat(server: Server, workload, repeat: int, bench_s: float, pruner: bench.Pruner | None = None
@@ -308,11 +309,15 @@ class TrialRun:
 
 def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: str = "tps") -> Figures:
     """An instance's figure over all its repeats: each repeat draws other requests, and every config gets
-    the same draws, so the instance's TPS is its tokens over its time on all of them (a median repeat
-    could be one draw for one config and another draw for the next). Latencies: the median repeat's.
-    Under a latency objective the figure is 1000 / that percentile over every repeat's requests."""
+    the same draws, so the instance's TPS is its counted tokens over its counted time on all of them
+    (each repeat's steady window, or its whole phase where it has none: sandbox.bench; a median
+    repeat could be one draw for one config and another draw for the next). Latencies: the median
+    repeat's. Under a latency objective the figure is 1000 / that percentile over every repeat's requests."""
     tokens, wall = sum(r.output_tokens for r in reps), sum(r.wall_s for r in reps)
-    figure = round(tokens / wall, 3) if wall > 0 else 0.0
+    counted = sum(r.window_tokens if r.window_s else r.output_tokens for r in reps)
+    span = sum(r.window_s or r.wall_s for r in reps)
+    tps = round(counted / span, 3) if span > 0 else 0.0
+    figure = tps
     if latency := latency_of(objective):
         field_name, q = latency
         value = bench.percentiles([v for r in reps for v in r.samples.get(field_name, [])]).get(q)
@@ -321,8 +326,12 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
     for r in reps:
         for k, v in r.finish.items():
             finish[k] = finish.get(k, 0) + v
-    return Figures(**{**median.to_dict(), "tps": round(tokens / wall, 3) if wall > 0 else 0.0, "output_tokens": tokens,
+    windowed = all(r.window_s for r in reps)
+    return Figures(**{**median.to_dict(), "tps": tps, "output_tokens": tokens,
                       "wall_s": round(wall, 3), "requests": sum(r.requests for r in reps), "finish": finish,
+                      "phase_tps": round(tokens / wall, 3) if wall > 0 else 0.0,
+                      "window_s": round(span, 3) if windowed else None,
+                      "window_tokens": counted if windowed else None,
                       "objective": objective, "figure": figure,
                       "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
                       "repeat_hits": sum(r.repeat_hits for r in reps), "repeat_words": sum(r.repeat_words for r in reps),

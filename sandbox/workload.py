@@ -55,6 +55,12 @@ def latency_of(objective: str) -> tuple[str, str] | None:
     metric, q = objective.split("-")
     return LATENCIES[metric], q
 MAX_RATE_POINTS = 12
+PHASE_PER_SLOT = 8   # a closed-loop phase at concurrency C > 1 sends at least 8 C requests: ramp and drain stay small
+WARMUP_PER_SLOT = 2  # warm-ups at concurrency C > 1: at least 2 C, so the batch reaches every width 1..C
+# What decides the engine's sampling path for a request (vLLM's sampler branches on these): warm-ups
+# reach every combination the split's requests use.
+SAMPLING_KEYS = ("top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                 "logit_bias", "logprobs", "top_logprobs", "min_tokens", "stop_token_ids", "response_format")
 QUALITY_RESERVE = 32   # the search split's last requests, kept for the quality phase's greedy sample
 SPLITS = ("search", "heldout")
 
@@ -114,7 +120,7 @@ class Workload:
     def rate_points(self) -> int:
         """Fresh draws one server can take for the goodput search, at most 12: no request twice, and
         none of the search split's last 32, which the quality phase may send (quality_requests)."""
-        first = self.warmup_requests if self.prompt_split == "search" else 0
+        first = self.warmup_count() if self.prompt_split == "search" else 0
         reserved = min(QUALITY_RESERVE, len(self.pool()) // 4) if self.prompt_split == "search" else 0
         return min(MAX_RATE_POINTS, (len(self.pool()) - first - reserved) // self.num_prompts)
 
@@ -130,12 +136,30 @@ class Workload:
                                         "ignore_eos": self.ignore_eos}, i + 1)
                 for i, p in enumerate(split_prompts(split))]
 
+    def warmup_count(self) -> int:
+        """Warm-ups a server gets before its first measured phase, sent at the workload's concurrency:
+        the profile's warmup_requests; closed loop at concurrency C > 1 at least 2 C (the batch fills to C
+        and drains through every width below), and on until they include every sampling path the
+        search split's requests take (greedy or sampled, with each combination of SAMPLING_KEYS), so no
+        phase is the first to run a batch width or a sampler branch (2026-12-06, an H100 at concurrency 32
+        with 8 warm-ups: each instance's first phase read half its second)."""
+        count = self.warmup_requests
+        if self.concurrency > 1 and not self.arrival_profile().open_loop:
+            count = max(count, WARMUP_PER_SLOT * self.concurrency)
+            pool = self.pool("search")
+            seen = {sampling_path(r) for r in pool[:count]}
+            for i, r in enumerate(pool[:len(pool) // 4]):   # within the split's first quarter
+                if sampling_path(r) not in seen:
+                    seen.add(sampling_path(r))
+                    count = max(count, i + 1)
+        return count
+
     def warmups(self) -> list[Request]:
-        return draw(self.pool("search"), 0, self.warmup_requests, self.where("search"))
+        return draw(self.pool("search"), 0, self.warmup_count(), self.where("search"))
 
     def measured(self, repeat: int = 0) -> list[Request]:
         """Measured phase `repeat` of a server: fresh requests each time."""
-        first = self.warmup_requests if self.prompt_split == "search" else 0
+        first = self.warmup_count() if self.prompt_split == "search" else 0
         return draw(self.pool(), first + repeat * self.num_prompts, self.num_prompts, self.where(self.prompt_split))
 
     def quality_requests(self, count: int) -> list[Request]:
@@ -146,10 +170,19 @@ class Workload:
         """A split too small for `repeats` fresh phases (after the warm-ups) is refused, naming the
         minimum; heldout False: only the split this workload measures is needed (one trial's spec)."""
         search, heldout_size = len(self.pool("search")), len(self.pool("heldout"))
-        need_search = self.warmup_requests + (repeats * self.num_prompts if self.prompt_split == "search" else 0)
+        closed = not self.arrival_profile().open_loop
+        turns = any(r.conversation is not None for r in self.pool("search"))   # slots wait on earlier turns
+        if closed and self.objective == "tps" and self.concurrency > 1 and not turns and \
+                self.num_prompts < PHASE_PER_SLOT * self.concurrency:
+            raise TrafficError(
+                f"{self.name}: {self.num_prompts} requests a phase at concurrency {self.concurrency}: a phase needs "
+                f"at least {PHASE_PER_SLOT * self.concurrency} ({PHASE_PER_SLOT} times the concurrency), or its "
+                f"ramp and drain outweigh its steady window (docs/meters-and-gate.md); raise --num-prompts")
+        warmups = self.warmup_count()
+        need_search = warmups + (repeats * self.num_prompts if self.prompt_split == "search" else 0)
         need_heldout = repeats * self.num_prompts if heldout or self.prompt_split == "heldout" else 0
         if self.objective == "goodput":   # a goodput search: two fresh draws at least on each server
-            need_search = self.warmup_requests + (2 * self.num_prompts if self.prompt_split == "search" else 0)
+            need_search = warmups + (2 * self.num_prompts if self.prompt_split == "search" else 0)
             need_heldout = 2 * self.num_prompts if heldout or self.prompt_split == "heldout" else 0
         phases = "2 goodput rate points" if self.objective == "goodput" else f"{repeats} repeats"
         if search < need_search or heldout_size < need_heldout:
@@ -157,7 +190,7 @@ class Workload:
             raise TrafficError(
                 f"{self.traffic or 'prompts.jsonl'}: {total} requests split into {search} search and {heldout_size} "
                 f"held-out; {phases} of {self.num_prompts} requests need at least {need_search} search "
-                f"({self.warmup_requests} warm-ups first) and {need_heldout} held-out distinct requests (about "
+                f"({warmups} warm-ups first) and {need_heldout} held-out distinct requests (about "
                 f"{math.ceil(max(need_search / (1 - HELDOUT_SHARE), need_heldout / HELDOUT_SHARE))} in the file; "
                 f"or fewer --repeats or num_prompts)")
 
@@ -171,7 +204,7 @@ class Workload:
     def summary(self) -> dict:
         """Hashes and shares of the traffic measured: no request text."""
         pool = self.requests_of(self.prompt_split)   # the split measured: its sampling mix, whichever draws
-        first = self.warmup_requests if self.prompt_split == "search" else 0
+        first = self.warmup_count() if self.prompt_split == "search" else 0
         mix = shares(pool)
         out = {"split": self.prompt_split, "split_hash": keys_hash(pool),   # = the traffic file's own split hash
                "draw_hash": keys_hash(pool[first:first + self.num_prompts]), "sampled_share": mix["sampled_share"],
@@ -203,7 +236,7 @@ class Workload:
         profile = {k: v for k, v in asdict(self).items() if k not in ("traffic", "chat_template")  # paths differ by host
                    and not (k in ARRIVAL_FIELDS and v == Workload.__dataclass_fields__[k].default)}  # older hashes hold
         payload = json.dumps({"profile": profile, "requests": [r.key for r in self.pool()],
-                              "warmups": [r.key for r in self.pool("search")[:self.warmup_requests]],
+                              "warmups": [r.key for r in self.pool("search")[:self.warmup_count()]],
                               "template": _digest(self.chat_template) if self.chat_template else None},
                              sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -247,6 +280,13 @@ class Quality:
     def hash(self) -> str:   # the text itself is in it; its path differs by host
         content = {k: v for k, v in asdict(self).items() if k != "text_path"}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sampling_path(request: Request) -> tuple:
+    """Which of the engine's sampling paths a request takes: greedy or sampled, and the sampling
+    parameters it sets (their values aside)."""
+    body = request.body
+    return (request.endpoint, request.sampled, tuple(k for k in SAMPLING_KEYS if body.get(k) not in (None, False)))
 
 
 def _read_jsonl(path: Path) -> list[dict]:

@@ -2,7 +2,7 @@
 
 It speaks the few endpoints the worker uses, with deterministic answers, and misbehaves on
 request (FAKE_MODE): exit at start, hang at start, answer with errors (or an error in the
-stream), NaN logprobs or short outputs, spawn a child that leaves the process group, or one without
+stream), stall some answers (FAKE_STALL), NaN logprobs or short outputs, spawn a child that leaves the process group, or one without
 the trial's marker (as vLLM's engine core). The real-engine tests use real vLLM.
     python tests/fake_server.py --model M --host H --port P [ignored vLLM flags...]
 """
@@ -23,8 +23,14 @@ TOKEN_S = float(os.environ.get("FAKE_TOKEN_S", "0.002"))
 # FAKE_SLOTS=k: at most k requests decode at once, the others wait in line (their TTFT grows with the
 # queue): a server whose latency rises with load, with a known capacity of k / (tokens * FAKE_TOKEN_S).
 SLOTS = threading.BoundedSemaphore(int(os.environ.get("FAKE_SLOTS", "0")) or 10_000)
+# FAKE_STALL=k:s: every streamed request from the k-th received on (0-based) waits s seconds before its
+# first token, as a server that stalls the tail of a phase (or, k=0 with FAKE_STALL_COUNT=n, its first n).
+STALL_FROM, _, STALL_S = os.environ.get("FAKE_STALL", "-1:0").partition(":")
+STALL_COUNT = int(os.environ.get("FAKE_STALL_COUNT", "0")) or 10**9
 VOCAB = 1000
 SEEN: set[str] = set()
+RECEIVED = [0]
+LOCK = threading.Lock()
 
 
 def token_ids(text: str) -> list[int]:
@@ -96,6 +102,10 @@ class Handler(BaseHTTPRequestHandler):
         key = json.dumps(body, sort_keys=True)
         cached = MODE == "memo" and key in SEEN
         SEEN.add(key)
+        with LOCK:
+            index, RECEIVED[0] = RECEIVED[0], RECEIVED[0] + 1
+        if 0 <= int(STALL_FROM) <= index < int(STALL_FROM) + STALL_COUNT:
+            time.sleep(float(STALL_S))
         with SLOTS:
             for i in range(n):
                 if not cached:

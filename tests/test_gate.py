@@ -262,3 +262,22 @@ def test_with_the_spaces_prior_a_clear_gain_is_decided_at_the_first_look_on_a_no
                                          GateSettings(noisy=0.10))
     assert gate.more_defaults_wanted(primed, judge_aa(aa, baseline_of(first, GateSettings()), GateSettings()), 0,
                                      GateSettings(noisy=0.05))
+
+
+def test_a_gain_near_the_noise_takes_more_looks_than_one_far_above_it():
+    """looks_needed: the fresh held-out instances (against as many of the defaults) until a true gain's
+    lower bound clears 1 + min_gain. Measured on this machine kind (2026-12-06): core binding 1.13x at
+    ±5.8% instance noise; one look was all a 30-minute run planned for."""
+    from agent.gate import GateSettings, looks_needed
+    from agent.stats import Noise, compare
+
+    settings = GateSettings()
+    noise = Noise(0.058, 6)
+    near, far = looks_needed(1.13, noise, settings), looks_needed(1.6, noise, settings)
+    assert far == 1 and near > 2
+    # At that many looks the bound clears 1 for the true gain; one look fewer, it does not.
+    def low(n: int) -> float:
+        return compare([1.13] * n, [1.0] * n, noise, settings.level).low
+    assert low(near) > 1.0 >= low(near - 1)
+    assert looks_needed(1.0, noise, settings) is None and looks_needed(1.13, Noise(0.058, 0), settings) is None
+    assert looks_needed(1.02, noise, settings) is None   # beyond max_instances

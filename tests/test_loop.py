@@ -458,9 +458,13 @@ def test_the_first_instance_says_what_the_budget_fits(night):
     assert run.calibration["plan"] == plans[0]   # kept with the run: agent status shows it
     assert sum(line.startswith("  plan: an instance of the defaults took") for line in
                describe(run, ledger.trials("r1"), tmp_path)) == 1
-    assert len(plans) == 1 and plans[0]["before_candidate"] == 2   # the second baseline instance and the A/A
+    assert len(plans) == 2 and plans[0]["before_candidate"] == 2   # the second baseline instance and the A/A
+    # Once more after the baseline, at the noise its instances measured: what a gain near it takes.
+    names = [e for e, _ in events]
+    assert plans[1]["before_candidate"] == 0 and names.index("baseline") < len(names) - names[::-1].index("plan") - 1
+    assert plans[0]["near_noise"] != plans[1]["near_noise"]   # the space's prior first, then the instances' own
     first_trial = next(i for e, i in events if e == "trial")
-    assert [e for e, _ in events].index("plan") > [e for e, _ in events].index("trial")
+    assert names.index("plan") > names.index("trial")
     assert plans[0]["instance_s"] >= 0 and plans[0]["left_s"] <= 12 and first_trial["number"] == 0
 
 
