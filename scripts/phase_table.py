@@ -142,12 +142,13 @@ def table(paths: list[Path]) -> str:
         step = max((abs(b / a - 1) for a, b in zip(tps, tps[1:]) if a), default=0.0)
         share = [r["window_s"] / r["wall_s"] for r in group if r.get("window_s")]
         mid = group[len(group) // 2]
-        lines.append(
-            f"| {dev} | {run} ({group[0]['commit']}) | {name} | {c} | {group[0]['requests']} | "
-            f"{', '.join(f'{t:,.1f}' for t in tps)} | {step:.1%} {'ok' if step <= BAR else 'OVER 5%'} | "
-            f"{', '.join(f'{r['phase_tps']:,.1f}' for r in group)} | "
-            f"{f'{min(share):.0%}-{max(share):.0%}' if share else 'whole phase'} | "
-            f"{mid['ttft_ms'].get('p50')}/{mid['ttft_ms'].get('p99')} | {mid['itl_ms'].get('p50')}/{mid['itl_ms'].get('p99')} |")
+        each = ", ".join(f"{t:,.1f}" for t in tps)
+        whole = ", ".join(f"{r['phase_tps']:,.1f}" for r in group)
+        window = f"{min(share):.0%}-{max(share):.0%}" if share else "whole phase"
+        ttft, itl = mid["ttft_ms"], mid["itl_ms"]
+        lines.append(f"| {dev} | {run} ({group[0]['commit']}) | {name} | {c} | {group[0]['requests']} | {each} | "
+                     f"{step:.1%} {'ok' if step <= BAR else 'OVER 5%'} | {whole} | {window} | "
+                     f"{ttft.get('p50')}/{ttft.get('p99')} | {itl.get('p50')}/{itl.get('p99')} |")
     return "\n".join(lines)
 
 
