@@ -79,7 +79,8 @@ def run(args) -> int:
 
     workloads = [load_workload(name) for name in args.workload]
     if args.concurrency:
-        workloads = [replace(w, concurrency=args.concurrency, num_prompts=args.num_prompts or 8 * args.concurrency)
+        workloads = [replace(w, concurrency=args.concurrency, num_prompts=args.num_prompts or 8 * args.concurrency,
+                             warmup_requests=2 * args.concurrency, name=f"{w.name}@c{args.concurrency}")
                      for w in workloads]
     gpu = host.hardware()["kind"] == "gpu"
     space = args.space or ROOT / "search_space" / ("vllm-gpu.yaml" if gpu else "vllm-cpu.yaml")
