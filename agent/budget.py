@@ -103,7 +103,9 @@ def plan_line(p: dict) -> str:
     points = f", {p['points']} goodput rate points" if p.get("points") else ""
     head = (f"plan: an instance of the defaults took {minutes(p['instance_s'])} here{points}; "
             f"{p['before_candidate']} more before the first candidate (in about {minutes(p['candidate_in_s'])}), "
-            f"its first decision in about {minutes(p['decided_in_s'])}; {minutes(p['left_s'])} left")
+            f"its first decision in about {minutes(p['decided_in_s'])}"
+            + (" (one held-out look: a gain well above the noise)" if p.get("near_gain") else "")
+            + f"; {minutes(p['left_s'])} left")
     if p.get("near_gain"):
         looks = p.get("near_looks")
         head += (f"; a {p['near_gain']:.2f}x gain at ±{p['near_noise']:.1%} noise takes about {looks} held-out "
