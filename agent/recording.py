@@ -60,8 +60,9 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
         meter={**result.workload, "quality": result.quality_set}, finished_at=utcnow(),
         measured={**({"ttft_ms": bench.ttft_ms, "itl_ms": bench.itl_ms, "repeats_tps": bench.repeats_tps,
                       "finish": bench.finish, "tpot_ms": bench.tpot_ms, "goodput": bench.goodput,
-                      "repeat_share": bench.repeat_share} if bench else
-                     dict.fromkeys(("ttft_ms", "itl_ms", "repeats_tps", "finish", "tpot_ms", "goodput", "repeat_share"))),
+                      "repeat_share": bench.repeat_share, "phase_tps": bench.phase_tps, "window_s": bench.window_s}
+                     if bench else dict.fromkeys(("ttft_ms", "itl_ms", "repeats_tps", "finish", "tpot_ms", "goodput",
+                                                  "repeat_share", "phase_tps", "window_s"))),
                   "engine": result.engine, "hardware": result.hardware, "device": result.device})
     repeats = [x for x in (bench.repeats_tps if bench else []) if x and x > 0]
     if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`

@@ -382,8 +382,7 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
     tokens = sum(r.output_tokens for r in ok)
     phase_tps = round(tokens / wall_s, 3) if wall_s > 0 else 0.0
     window = steady_window(results, window_concurrency)
-    counted = window_tokens(results, *window) if window else None
-    span = window[1] - window[0] if window else None
+    counted, span = (window_tokens(results, *window), window[1] - window[0]) if window else (tokens, wall_s)
     short = sum(1 for r in ok if r.exact_tokens is not None and r.output_tokens != r.exact_tokens)
     errors = [r for r in results if not r.ok]
     finish: dict[str, int] = {}
@@ -394,7 +393,7 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
                "tpot_ms": [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok
                            if r.ttft_s is not None and r.output_tokens > 1]}
     return BenchResult(
-        tps=round(counted / span, 3) if window else phase_tps,   # type: ignore[operator]
+        tps=round(counted / span, 3) if window else phase_tps,
         output_tokens=tokens,
         wall_s=round(wall_s, 3),
         requests=len(results),

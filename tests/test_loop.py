@@ -490,6 +490,26 @@ def test_the_plan_line_names_what_fits_and_what_budget_would(left, fits, tail):
     assert hopeful["decided_in_s"] == 1080 - 4 * 150 * 0.75
 
 
+def test_the_plan_line_counts_the_looks_a_gain_near_the_noise_takes():
+    """A first decision is one held-out look only for a gain well above the noise; the line says how many
+    looks one near it takes (gate.looks_needed) and when that decision would come: each further look one
+    held-out instance of the candidate and one of the defaults (200 s each here)."""
+    from agent.gate import GateSettings, looks_needed
+    from agent.log import plan_line
+    from agent.stats import Noise
+
+    first = {"total_s": 280.0, "start_s": 150.0, "warmup_s": 5.0, "benchmark_s": 40.0, "teardown_s": 5.0}
+    looks = looks_needed(1.13, Noise(0.058, 6), GateSettings())
+    plan = budget.decision_looks(budget.plan(first, 1, True, 3600, spent_s=280.0), first, looks, 1.13, 0.058)
+    assert looks == 5 and plan["near_decided_in_s"] == 1080 + 8 * 200
+    line = plan_line(plan)
+    assert "its first decision in about 18 min (one held-out look: a gain well above the noise)" in line
+    assert ("a 1.13x gain at ±5.8% noise takes about 5 held-out instances of the candidate and 4 more of the "
+            "defaults (first decision in about 45 min)") in line
+    beyond = plan_line(budget.decision_looks(plan, first, None, 1.02, 0.058))
+    assert "a 1.02x gain at ±5.8% noise cannot be decided within the held-out instances allowed" in beyond
+
+
 def test_a_goodput_plan_counts_the_held_out_phase_by_its_rate_points():
     """The shipped trace on 2 cores: 5 rate points on the search split (300 s), 2 on the held-out one.
     The plan of the first instance counts the A/A's held-out phase and the decision's held-out
