@@ -270,7 +270,7 @@ def test_the_server_receives_no_held_out_request_in_search_and_none_twice(tmp_pa
     traffic = tmp_path / "mine.jsonl"
     traffic.write_text("".join(json.dumps({"prompt": f"request number {i}", "max_tokens": 4 + i % 3}) + "\n"
                                for i in range(100)))
-    workload = {"name": "mine", "meter_version": 3, "concurrency": 2, "num_prompts": 5, "warmup_requests": 2,
+    workload = {"name": "mine", "meter_version": 3, "concurrency": 2, "num_prompts": 16, "warmup_requests": 2,
                 "prompt_split": "search", "traffic": str(traffic)}
     spec = specs.from_dict({"model": "fake", "workload": workload, "repeats": 3, "deadlines": {"start_s": 30}})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
@@ -279,7 +279,7 @@ def test_the_server_receives_no_held_out_request_in_search_and_none_twice(tmp_pa
     sent = [json.loads(line) for line in record.read_text().splitlines()]
     streamed = [s["body"]["prompt"] for s in sent if s["body"].get("stream")]
     quality = [s["body"]["prompt"] for s in sent if not s["body"].get("stream") and isinstance(s["body"].get("prompt"), str)]
-    assert len(streamed) == 2 + 3 * 5 == len(set(streamed))
+    assert len(streamed) == 4 + 3 * 16 == len(set(streamed))   # warm-ups: twice the concurrency
     assert quality and not (set(streamed) | set(quality)) & heldout
 
 
