@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from meter_vs_vllm_bench import BENCH_WRAPPER, fixed_flags_env  # noqa: E402
-from phase_table import commit, context, device  # noqa: E402
+from meter_vs_vllm_bench import BENCH_WRAPPER  # noqa: E402
+from phase_table import commit, device, server_flags  # noqa: E402
 from sandbox import bench, host, worker  # noqa: E402
 from sandbox.server import Server  # noqa: E402
 from sandbox.traffic import Request  # noqa: E402
@@ -103,11 +103,7 @@ def run(args) -> int:
     concurrency = args.concurrency or default.concurrency
     count = args.requests or default.num_prompts
     workload = replace(default, concurrency=concurrency, num_prompts=count)
-    gpu = host.hardware()["kind"] == "gpu"
-    flags, env = fixed_flags_env(args.space or ROOT / "search_space" / ("vllm-gpu.yaml" if gpu else "vllm-cpu.yaml"))
-    length = context(args.model, [workload])
-    if length and "--max-model-len" in flags:
-        flags[flags.index("--max-model-len") + 1] = str(length)
+    gpu, flags, env = server_flags(args.model, [workload], args.space)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "docs" / "data" / "agreement" / f"{'gpu' if gpu else 'cpu'}-{stamp}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,19 @@ def context(model: str, workloads) -> int | None:
     return traffics.context_length(longest, quality, tokens.limit)
 
 
+def server_flags(model: str, workloads, space: Path | None = None) -> tuple[bool, list[str], dict[str, str]]:
+    """(on a GPU, flags, env): the space's fixed part (the installed engine's space by default) with the
+    context length `agent run` would serve for these workloads."""
+    from meter_vs_vllm_bench import fixed_flags_env
+
+    gpu = host.hardware()["kind"] == "gpu"
+    flags, env = fixed_flags_env(space or ROOT / "search_space" / ("vllm-gpu.yaml" if gpu else "vllm-cpu.yaml"))
+    length = context(model, workloads)
+    if length and "--max-model-len" in flags:
+        flags[flags.index("--max-model-len") + 1] = str(length)
+    return gpu, flags, env
+
+
 def phases_of(workload, count: int) -> list[list]:
     """count fresh phases: the search split after the warm-ups, then the held-out split."""
     search, heldout = workload.pool("search")[workload.warmup_count():], workload.pool("heldout")
@@ -75,19 +88,12 @@ def phases_of(workload, count: int) -> list[list]:
 
 
 def run(args) -> int:
-    from meter_vs_vllm_bench import fixed_flags_env
-
     workloads = [load_workload(name) for name in args.workload]
     if args.concurrency:
         workloads = [replace(w, concurrency=args.concurrency, num_prompts=args.num_prompts or 8 * args.concurrency,
                              warmup_requests=2 * args.concurrency, name=f"{w.name}@c{args.concurrency}")
                      for w in workloads]
-    gpu = host.hardware()["kind"] == "gpu"
-    space = args.space or ROOT / "search_space" / ("vllm-gpu.yaml" if gpu else "vllm-cpu.yaml")
-    flags, env = fixed_flags_env(space)
-    length = context(args.model, workloads)
-    if length and "--max-model-len" in flags:
-        flags[flags.index("--max-model-len") + 1] = str(length)
+    gpu, flags, env = server_flags(args.model, workloads, args.space)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     dev = device()
     out = args.out or ROOT / "docs" / "data" / "phases" / f"{'gpu' if gpu else 'cpu'}-{stamp}.jsonl"
