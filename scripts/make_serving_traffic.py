@@ -76,6 +76,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "sandbox" / "data" / "traffic"
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_traffic  # noqa: E402  default.jsonl's subjects, the first of these
 MADE_WITH = (3, 11, 7)
 CORPUS_SHA256 = "e6bdad5815fcc9a4336c1c5275f13ae67d1131df12d199af4af226ce1e36f1eb"
 N_SERVING = 5600
@@ -298,38 +300,34 @@ def build_corpus() -> Corpus:
 # ----------------------------------------------------------------------------------------------------
 # Text written for this project
 
-SUBJECTS = [
-    "lighthouses", "beekeeping", "the tides", "volcanoes", "sourdough bread", "glaciers", "migrating birds",
-    "old clocks", "coral reefs", "paper making", "the night sky", "river deltas", "wind turbines",
-    "chess openings", "mountain railways", "tea plantations", "desert plants", "shipwrecks", "fireflies",
-    "suspension bridges", "salt marshes", "pipe organs", "printing presses", "canal locks", "sea otters",
-    "stained glass", "weather balloons", "cave paintings", "hot springs", "carrier pigeons", "sand dunes",
-    "bookbinding", "windmills", "rainforests", "comets", "bicycles", "libraries", "pottery", "earthquakes",
-    "honeybees", "public parks", "night trains", "street markets", "vegetable gardens", "rooftop solar panels",
-    "recycling centres", "fountain pens", "jazz clubs", "community choirs", "food trucks", "ice hockey",
-    "marathon running", "rock climbing", "origami", "knitting", "birdwatching", "home brewing", "fermentation",
-    "compost heaps", "houseplants", "aquariums", "telescopes", "radio astronomy", "solar eclipses", "the aurora",
-    "thunderstorms", "fog", "monsoons", "tornadoes", "snowflakes", "tree rings", "mushrooms", "lichens", "moss",
-    "octopuses", "penguins", "wolves", "elephants", "owls", "bats", "dolphins", "butterflies", "ants", "crows",
-    "horses", "sheepdogs", "cats", "tortoises", "frogs", "jellyfish", "salmon runs", "kelp forests",
-    "mangroves", "prairies", "tundra", "alpine lakes", "waterfalls", "caves", "islands", "fjords", "canyons",
-    "ancient Rome", "the Silk Road", "medieval castles", "the printing revolution", "the steam engine",
-    "the telegraph", "early aviation", "the space race", "the Moon landings", "the Great Library of Alexandria",
-    "Viking ships", "the Inca road system", "Roman aqueducts", "the Hanseatic League", "Renaissance painting",
-    "Baroque music", "the history of chocolate", "the history of coffee", "spices", "olive oil", "rice farming",
-    "cheese making", "bread ovens", "street food", "dumplings", "noodles", "school lunches", "picnics",
-    "board games", "crossword puzzles", "magic tricks", "puppet theatre", "silent films", "vinyl records",
-    "radio dramas", "comic books", "public libraries", "museums at night", "train stations", "airports",
-    "harbours", "roundabouts", "traffic lights", "electric cars", "cargo ships", "hot air balloons",
-    "submarines", "satellites", "the International Space Station", "Mars rovers", "black holes",
-    "the speed of light", "magnets", "batteries", "electric guitars", "violins", "drums", "choirs",
-    "sign language", "handwriting", "calligraphy", "maps", "compasses", "postcards", "postal services",
-    "the first computers", "spreadsheets", "password managers", "backups", "open source software",
-    "version control", "the command line", "text editors", "unit tests", "code review", "remote work",
-    "standing desks", "sleep", "breakfast", "walking", "swimming", "yoga", "gardening in small spaces",
-    "city trees", "urban foxes", "rain gardens", "drinking water", "water towers", "bridges in winter",
-    "snow ploughs", "mountain huts", "youth hostels", "night markets", "lanterns", "kites", "sailing",
-    "rowing", "lifeboats", "coastguards", "volunteer fire brigades", "first aid", "village fairs",
+SUBJECTS = [*make_traffic.SUBJECTS,   # default.jsonl's 40 subjects, then more
+    'public parks', 'night trains', 'street markets', 'vegetable gardens', 'rooftop solar panels',
+    'recycling centres', 'fountain pens', 'jazz clubs', 'community choirs', 'food trucks', 'ice hockey',
+    'marathon running', 'rock climbing', 'origami', 'knitting', 'birdwatching', 'home brewing',
+    'fermentation', 'compost heaps', 'houseplants', 'aquariums', 'telescopes', 'radio astronomy',
+    'solar eclipses', 'the aurora', 'thunderstorms', 'fog', 'monsoons', 'tornadoes', 'snowflakes',
+    'tree rings', 'mushrooms', 'lichens', 'moss', 'octopuses', 'penguins', 'wolves', 'elephants', 'owls',
+    'bats', 'dolphins', 'butterflies', 'ants', 'crows', 'horses', 'sheepdogs', 'cats', 'tortoises', 'frogs',
+    'jellyfish', 'salmon runs', 'kelp forests', 'mangroves', 'prairies', 'tundra', 'alpine lakes',
+    'waterfalls', 'caves', 'islands', 'fjords', 'canyons', 'ancient Rome', 'the Silk Road',
+    'medieval castles', 'the printing revolution', 'the steam engine', 'the telegraph', 'early aviation',
+    'the space race', 'the Moon landings', 'the Great Library of Alexandria', 'Viking ships',
+    'the Inca road system', 'Roman aqueducts', 'the Hanseatic League', 'Renaissance painting',
+    'Baroque music', 'the history of chocolate', 'the history of coffee', 'spices', 'olive oil',
+    'rice farming', 'cheese making', 'bread ovens', 'street food', 'dumplings', 'noodles', 'school lunches',
+    'picnics', 'board games', 'crossword puzzles', 'magic tricks', 'puppet theatre', 'silent films',
+    'vinyl records', 'radio dramas', 'comic books', 'public libraries', 'museums at night', 'train stations',
+    'airports', 'harbours', 'roundabouts', 'traffic lights', 'electric cars', 'cargo ships',
+    'hot air balloons', 'submarines', 'satellites', 'the International Space Station', 'Mars rovers',
+    'black holes', 'the speed of light', 'magnets', 'batteries', 'electric guitars', 'violins', 'drums',
+    'choirs', 'sign language', 'handwriting', 'calligraphy', 'maps', 'compasses', 'postcards',
+    'postal services', 'the first computers', 'spreadsheets', 'password managers', 'backups',
+    'open source software', 'version control', 'the command line', 'text editors', 'unit tests',
+    'code review', 'remote work', 'standing desks', 'sleep', 'breakfast', 'walking', 'swimming', 'yoga',
+    'gardening in small spaces', 'city trees', 'urban foxes', 'rain gardens', 'drinking water',
+    'water towers', 'bridges in winter', 'snow ploughs', 'mountain huts', 'youth hostels', 'night markets',
+    'lanterns', 'kites', 'sailing', 'rowing', 'lifeboats', 'coastguards', 'volunteer fire brigades',
+    'first aid', 'village fairs',
 ]
 
 QA_PAIRS = [
