@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODE = os.environ.get("FAKE_MODE", "ok")   # memo: a body seen before is answered at once (a cross-request cache)
 TOKEN_S = float(os.environ.get("FAKE_TOKEN_S", "0.002"))
-# FAKE_SLOTS=k: at most k requests decode at once, the others wait in line (their TTFT grows with the
+# FAKE_SLOTS=k (or --max-num-seqs k): at most k requests decode at once, the others wait in line (their TTFT grows with the
 # queue): a server whose latency rises with load, with a known capacity of k / (tokens * FAKE_TOKEN_S).
 SLOTS = threading.BoundedSemaphore(int(os.environ.get("FAKE_SLOTS", "0")) or 10_000)
 # FAKE_STALL=k:s: every streamed request from the k-th received on (0-based) waits s seconds before its
@@ -134,6 +134,9 @@ def main() -> None:
     if "--max-num-seqs" in unknown and unknown[unknown.index("--max-num-seqs") + 1].startswith("-"):
         print("ValueError: max_num_seqs must be >= 1", flush=True)
         sys.exit(1)
+    if "--max-num-seqs" in unknown:   # a batch limit it honours: at most that many decode at once
+        global SLOTS
+        SLOTS = threading.BoundedSemaphore(int(unknown[unknown.index("--max-num-seqs") + 1]))
     if MODE == "exit_early":
         sys.exit(0)
     if MODE == "hang":
