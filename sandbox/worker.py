@@ -67,16 +67,18 @@ async def _measure(server: Server, workload, requests: list, timeout_s: float,
     sampler = metrics.Sampler(server.base_url)
     stop = asyncio.Event()
     sampling = asyncio.create_task(sampler.run(stop))
+    api_cpu = server.api_cpu_seconds()
     try:
         results, wall = await bench.run_requests(server.base_url, server.model_name, requests,
                                                  workload.concurrency, timeout_s, pruner, offsets)
     finally:
         stop.set()
         await sampling
+    api_share = (server.api_cpu_seconds() - api_cpu) / wall if wall > 0 else None
     async with httpx.AsyncClient(timeout=5.0) as client:
         after = await metrics.scrape(client, server.base_url)
     window = workload.concurrency if offsets is None else 1   # closed loop: its steady window (sandbox.bench)
-    return bench.summarize(results, wall, requests, window), metrics.summarize(before, after, sampler)
+    return bench.summarize(results, wall, requests, window), metrics.summarize(before, after, sampler, api_share)
 
 
 def _repeat(server: Server, workload, repeat: int, bench_s: float, pruner: bench.Pruner | None = None

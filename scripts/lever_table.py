@@ -110,31 +110,29 @@ def draws(workloads) -> dict[str, tuple[list, list]]:
     for w in workloads:
         pool = [*w.pool("search"), *w.pool("heldout")]
         at = cursor.get(w.traffic or w.name, 0)
-        if at + w.warmup_requests + w.num_prompts > len(pool):
+        # At least the shape's warm-ups, and on until they reach every sampling path (Workload.warmup_count):
+        # a sampler branch first run inside the measured phase compiles there (an H100 read 5,025 tok/s
+        # at concurrency 32 with 64 warm-ups that missed some, 2026-12-06; 7,400-7,900 with all of them).
+        count = w.warmup_count()
+        if at + count + w.num_prompts > len(pool):
             raise SystemExit(f"{w.name}: its traffic has {len(pool)} requests, fewer than the shapes before it "
-                             f"plus its {w.warmup_requests} warm-ups and {w.num_prompts} measured")
-        warm = draw(pool, at, w.warmup_requests, w.where("search+heldout"))
-        phase = draw(pool, at + w.warmup_requests, w.num_prompts, w.where("search+heldout"))
-        cursor[w.traffic or w.name] = at + w.warmup_requests + w.num_prompts
+                             f"plus its {count} warm-ups and {w.num_prompts} measured")
+        warm = draw(pool, at, count, w.where("search+heldout"))
+        phase = draw(pool, at + count, w.num_prompts, w.where("search+heldout"))
+        cursor[w.traffic or w.name] = at + count + w.num_prompts
         out[w.name] = (warm, phase)
     return out
 
 
-def api_processes(server: Server) -> tuple[list[str], float]:
-    """The server's processes (their titles) and the CPU seconds of its API server processes so far
-    (the root, or the APIServer_N children `--api-server-count` starts)."""
-    titles, cpu = [], 0.0
-    root = server.proc.pid if server.proc else None
+def process_titles(server: Server) -> list[str]:
+    """The server's processes by title (`--api-server-count N` adds N VLLM::APIServer_N processes)."""
+    titles = []
     for p in server._our_processes():
         try:
-            title = " ".join(p.cmdline()[:1]) or p.name()
-            titles.append(title[:80])
-            if p.pid == root or "APIServer" in title:
-                t = p.cpu_times()
-                cpu += t.user + t.system
+            titles.append((" ".join(p.cmdline()[:1]) or p.name())[:80])
         except (psutil.Error, OSError):
             continue
-    return sorted(titles), cpu
+    return sorted(titles)
 
 
 def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: str) -> dict:
@@ -143,9 +141,8 @@ def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: st
     if bad := [r for r in results if not r.ok]:
         raise TrialFailure("request_errors", f"{w.name}: warm-up failed: {bad[0].error}")
     warm_s = time.monotonic() - started
-    _, cpu_before = api_processes(server)
     result, gauges = asyncio.run(worker._measure(server, w, phase, bench.bench_deadline_s(w)))
-    titles, cpu_after = api_processes(server)
+    titles = process_titles(server)
     server.fail_if_dead(w.name)
     text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
     (raw / f"{tag}.{w.name}.metrics.txt").write_text(text)
@@ -154,7 +151,7 @@ def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: st
             "output_tokens": result.output_tokens, "errors": result.errors, "warmup_s": round(warm_s, 2),
             "ttft_ms": result.ttft_ms, "itl_ms": result.itl_ms, "latency_ms": result.latency_ms,
             "gauges": gauges, "api_processes": sum("APIServer" in t for t in titles), "processes": titles,
-            "api_cpu_share": round((cpu_after - cpu_before) / result.wall_s, 3) if result.wall_s else None}
+            "api_cpu_share": gauges.get("api_cpu_share")}
 
 
 def instance(lever: str, number: int, args, workloads, phases, fixed: list[str], env: dict, head: dict) -> list[dict]:

