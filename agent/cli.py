@@ -371,10 +371,10 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
                   highlight=False)
     engine, host = engine_info(), hardware()
     named = {**settings, "quality": quality, "sampler": sampler}   # the options under the dataclasses' names
+    gate = GateSettings(**{f.name: named[f.name] for f in fields(GateSettings) if f.name in named},
+                        noise_prior=Noise(*space.noise_prior))
     used = Settings(model=model, workload=meter.as_dict(), quality_text=quality_set.text_path, home=home,
-                    gate=GateSettings(**{f.name: named[f.name] for f in fields(GateSettings) if f.name in named},
-                                      noise_prior=Noise(*space.noise_prior)),
-                    facts=_facts(host, meter),
+                    gate=gate, facts=_facts(host, meter, gate),
                     **{f.name: named[f.name] for f in fields(Settings) if f.name in named
                        and f.name not in ("model", "workload", "quality_text", "home", "gate", "facts")})
     return ledger.add(ledgers.Run(
@@ -503,7 +503,7 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
     o = row.settings
     settings = settings_of(row)
     meter = load_workload(settings.workload)
-    settings = replace(settings, model=_model_here(row, o), home=home, facts=_facts(hardware(), meter))
+    settings = replace(settings, model=_model_here(row, o), home=home, facts=_facts(hardware(), meter, settings.gate))
     space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
     space = _space(space_path, o.get("draft_models") or [], exact=settings.gate.exact,
                    max_model_len=o.get("max_model_len"))
@@ -517,10 +517,11 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
     return settings, space
 
 
-def _facts(hardware: dict, meter) -> dict:
-    """What the planner knows of the host and the traffic."""
+def _facts(hardware: dict, meter, gate: GateSettings) -> dict:
+    """What the planner knows of the host, the traffic and the user's SLOs."""
     return {**hardware, "concurrency": meter.concurrency, "max_tokens": max(r.max_tokens for r in meter.measured(0)),
-            "sampled_share": meter.summary()["sampled_share"]}
+            "sampled_share": meter.summary()["sampled_share"],
+            "slo": {"ttft_p99_ms": gate.slo_ttft_p99_ms, "itl_p99_ms": gate.slo_itl_p99_ms}}
 
 
 def _model_here(row: ledgers.Run, o: dict) -> str:

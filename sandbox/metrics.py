@@ -124,6 +124,7 @@ def summarize(before: dict[str, float], after: dict[str, float], sampler: Sample
         "kv_cache_usage_mean": mean(sampler.kv_usage),
         "requests_waiting_max": peak(sampler.waiting),
         "requests_running_mean": mean(sampler.running),
+        "requests_running_max": peak(sampler.running),
         "samples": len(sampler.kv_usage),
     }
     for key, names in COUNTERS.items():

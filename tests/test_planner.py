@@ -1,10 +1,15 @@
 """The built-in planner: each move is triggered by a measured fact, valid in the space, and new."""
 
+import gzip
+import json
 import os
+import sys
+from pathlib import Path
 
 from agent import space as spaces
 from agent.ledger import Run, Trial
-from agent.planner import BuiltinPlanner
+from agent.planner import WON_NOWHERE, BuiltinPlanner, front_end_busy
+from sandbox import metrics
 
 SPACE = spaces.load("vllm-cpu", cpu_flags={"avx512f"})  # a host where every choice runs
 RUN = Run(id="r", model="m")
@@ -189,3 +194,90 @@ def test_under_goodput_the_slo_the_defaults_broke_first_moves_the_token_budget_a
     set_already = trial(1, {"max-num-batched-tokens": 2048}, ratio=1.2)
     assert not say([defaults_under_goodput(["itl_p99_ms 260 > 200"]), set_already])
     assert not say([trial(0, {})])   # not goodput: no points, no move
+
+
+# ---- Triggers on what an H100 measured (tests/data/gpu-levers, 2026-12-06) --------------------
+
+GPU_DATA = Path(__file__).parent / "data" / "gpu-levers"
+H100 = {"kind": "gpu", "gpus": ["NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04, Enabled"], "cpus": 16}
+
+
+def measured_on_h100(tag: str, params: dict | None = None, number: int = 0, source: str = "baseline") -> Trial:
+    """An instance as the lever table measured it: its row's gauges and latencies, and the histograms
+    of the server's /metrics text (the queue, tokens a step) captured after its phase."""
+    run_instance, _, shape = tag.rpartition(".")
+    row = next(json.loads(line) for name in ("levers-first.jsonl", "levers-frontend.jsonl")
+               for line in (GPU_DATA / name).read_text().splitlines()
+               if f"{json.loads(line)['run']}-{json.loads(line)['instance']:03d}-{json.loads(line)['lever']}" == run_instance
+               and json.loads(line).get("shape") == shape)
+    text = gzip.open(GPU_DATA / f"{tag}.metrics.txt.gz", "rt").read()
+    from_text = metrics.summarize({}, metrics.parse(text), metrics.Sampler("unused"), row["api_cpu_share"])
+    kept = ("queue_time_mean_ms", "steps", "tokens_per_step_mean", "step_tokens_buckets", "api_cpu_share")
+    return Trial(number=number, params=params or {}, metrics={**row["gauges"], **{k: from_text[k] for k in kept}},
+                 tps=row["tps"], tps_ratio=1.0, gate_passed=True, status="ok", source=source,
+                 ttft_p99_ms=row["ttft_ms"]["p99"], itl_p99_ms=row["itl_ms"]["p99"])
+
+
+def gpu_moves(history, concurrency=32, slo=None):
+    facts = {**H100, "concurrency": concurrency, "slo": slo or {}}
+    return BuiltinPlanner().propose(spaces.load("vllm-gpu"), RUN, history, facts, k=8)
+
+
+def test_at_32_in_flight_the_h100s_defaults_trigger_nothing():
+    """No queue (0.02 ms), the KV cache at 0.1%, 2.8% of steps above the largest graph, the API server at
+    0.70 of a core, latencies inside the interactive SLOs: the defaults leave no lever a first move."""
+    defaults = measured_on_h100("20261206-080830-000-defaults.serving-c32")
+    assert defaults.metrics["queue_time_mean_ms"] < 1 and defaults.metrics["api_cpu_share"] < 0.9
+    assert gpu_moves([defaults], slo={"ttft_p99_ms": 450.0, "itl_p99_ms": 40.0}) == []
+
+
+def test_at_128_in_flight_steps_above_the_largest_graph_move_the_graph_size_and_the_busy_front_end_is_withheld():
+    defaults = measured_on_h100("20261206-080830-003-defaults.serving-c128")
+    moves = gpu_moves([defaults], concurrency=128)
+    (graphs,) = [m for m in moves if "compilation-config.max_cudagraph_capture_size" in m.params]
+    assert graphs.params == {"compilation-config.max_cudagraph_capture_size": 1024, "enforce-eager": False}
+    assert "4.8% of trial 0's engine steps ran more than 512 tokens" in graphs.rationale
+    # The API server held 0.94 of a core: the trigger says so, but 4 API servers won nowhere in the table.
+    assert front_end_busy(defaults.metrics) and "0.94 CPU seconds" in front_end_busy(defaults.metrics)
+    assert not [m for m in moves if "api-server-count" in m.params]
+    assert "api-server-count" in WON_NOWHERE
+
+
+def test_a_queue_with_the_batch_at_its_limit_grows_the_limit_and_below_it_the_token_budget():
+    limited = measured_on_h100("20261206-080010-001-max-num-seqs-8.serving-c32", {"max-num-seqs": 8}, 1, "planner")
+    (grow,) = [m for m in gpu_moves([limited]) if m.params.get("max-num-seqs") != 8]
+    assert grow.params["max-num-seqs"] == 16 and not spaces.load("vllm-gpu").problems(grow.params)
+    assert "waiting (up to 24, 814 ms on average" in grow.rationale and "6.6 requests a step" in grow.rationale
+    budget = measured_on_h100("20261206-080010-002-max-num-batched-tokens-2048.serving-c32",
+                              {"max-num-batched-tokens": 2048}, 2, "planner")
+    (wider,) = [m for m in gpu_moves([budget]) if m.params.get("max-num-batched-tokens") != 2048]
+    assert wider.params == {"max-num-batched-tokens": 4096}
+    assert "111 ms on average" in wider.rationale and "well under max-num-seqs 1024" in wider.rationale
+
+
+def test_long_prompts_that_break_the_inter_token_slo_alone_halve_the_token_budget():
+    """The defaults on long prompts at 32 in flight: TTFT p99 357 ms inside 450, ITL p99 63 ms above 40."""
+    rag = measured_on_h100("20261206-075427-000-defaults.rag-c32")
+    (halve,) = [m for m in gpu_moves([rag], slo={"ttft_p99_ms": 450.0, "itl_p99_ms": 40.0})
+                if "max-num-batched-tokens" in m.params]
+    assert halve.params == {"max-num-batched-tokens": 4096, "enable-chunked-prefill": True}
+    assert "at 32 requests in flight the inter-token p99 alone broke its SLO (63 ms, TTFT p99 held at 357 ms)" \
+        in halve.rationale and "vLLM's 8192 here" in halve.rationale
+    assert not [m for m in gpu_moves([rag]) if "max-num-batched-tokens" in m.params]   # no SLO given: no move
+
+
+def test_the_levers_withheld_won_nowhere_in_the_committed_table():
+    """WON_NOWHERE is the lever table's verdict: each of its levers, on every shape it was measured on,
+    has an interval that does not lie above 1 (scripts/lever_table.py on the committed raw rows)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    import lever_table
+
+    rows = [json.loads(line) for name in ("levers-first.jsonl", "levers-frontend.jsonl")
+            for line in (GPU_DATA / name).read_text().splitlines()]
+    named = {"api-server-count": "api-server-count-4", "stream-interval": "stream-interval-8"}
+    assert set(named) == set(WON_NOWHERE)
+    comps = lever_table.comparisons(rows)
+    for knob, lever in named.items():
+        measured = {shape: c for (shape, lv), c in comps.items() if lv == lever}
+        assert set(measured) == {"serving-c32", "serving-c128"}
+        assert all(c.low <= 1 for c in measured.values()), (knob, measured)
