@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # One block of GPU time for the lever table in docs/results.md, in priority order, each step's raw
-# output under $R (default /tmp/res): the embedded model's levers on serving-c32, serving-c128 and
-# rag-c32 (scripts/lever_table.py, $LEVER_S seconds at most), then the 8B-shaped stand-in with dummy
-# weights on fixed-length answers with what is left of $BLOCK_S.
+# output under $R (default /tmp/res): the embedded model's levers on serving-c32 and serving-c128
+# ($LEVER_S seconds at most; a config's first start compiles, about 100 s on an H100, later ones
+# about 55 s), the token budget on long prompts (rag-c32, $RAG_S), then the 8B-shaped stand-in with
+# dummy weights on fixed-length answers with what is left of $BLOCK_S. Each table stops early when
+# two instances of the defaults differ by more than 10% (the first H100 block's host: 1.7x).
 # Run from the project root on the GPU host once its packages are installed (a development tool:
 # ../shared/tools/gpu/on-device.sh, or `agent bundle` and `VENV=/opt/torch/.venv scripts/setup.sh --offline`).
 #     R=/tmp/res BLOCK_S=1300 LEVER_S=900 setsid nohup bash scripts/gpu_lever_block.sh > /tmp/res/block.log 2>&1 &
 set -u
 R=${R:-/tmp/res}
 BLOCK_S=${BLOCK_S:-1300}
-LEVER_S=${LEVER_S:-900}
+LEVER_S=${LEVER_S:-800}
+RAG_S=${RAG_S:-250}
 PY=${PY:-python3}
 mkdir -p "$R/raw"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
@@ -21,9 +24,14 @@ step "model prepare"
 $PY -m agent.cli model prepare > "$R/prepare.log" 2>&1 || { step "prepare failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.csv" 2>&1
 
-step "levers of the embedded model (at most $LEVER_S s)"
-$PY scripts/lever_table.py run --instances 2 --budget-s "$LEVER_S" --out "$R/levers-gpu.jsonl" \
-    --raw "$R/raw" > "$R/levers.log" 2>&1 || step "lever table failed"
+step "levers of the embedded model on short completions (at most $LEVER_S s)"
+$PY scripts/lever_table.py run --shape serving-c32 --shape serving-c128 --instances 2 --budget-s "$LEVER_S" \
+    --max-defaults-spread 0.10 --out "$R/levers-gpu.jsonl" --raw "$R/raw" > "$R/levers.log" 2>&1 || step "lever table failed"
+
+step "the token budget on long prompts (at most $RAG_S s)"
+$PY scripts/lever_table.py run --shape rag-c32 --lever max-num-batched-tokens-2048 --lever max-num-batched-tokens-16384 \
+    --instances 2 --budget-s "$RAG_S" --max-defaults-spread 0.10 --out "$R/levers-rag.jsonl" --raw "$R/raw" \
+    > "$R/levers-rag.log" 2>&1 || step "rag table failed"
 
 step "the 8B-shaped stand-in, dummy weights ($(left) s left)"
 $PY scripts/make_standin.py > "$R/standin.log" 2>&1 || step "stand-in failed"

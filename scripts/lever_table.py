@@ -15,7 +15,7 @@ so the machine's drift falls on all of them; after the first rounds, the config 
 interval against the defaults is widest (on any shape) gets the next instance, until every
 half-width is at most --bar or --budget-s is spent. One line per instance and shape in --out (run
 id, commit, device, lever, flags, tok/s, TTFT and inter-token percentiles, the server's gauges
-and counters, the API server processes and their CPU); the server's /metrics text after each
+and counters, the API server processes and their CPU, the meter's own CPU); the server's /metrics text after each
 shape, its log and its process list under --raw.
 
 `table` prints, from raw files alone, one table per shape: instances, tok/s, the ratio to the
@@ -141,7 +141,9 @@ def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: st
     if bad := [r for r in results if not r.ok]:
         raise TrialFailure("request_errors", f"{w.name}: warm-up failed: {bad[0].error}")
     warm_s = time.monotonic() - started
+    client = time.process_time()
     result, gauges = asyncio.run(worker._measure(server, w, phase, bench.bench_deadline_s(w)))
+    client = time.process_time() - client   # this process: the meter's own client, one core at most
     titles = process_titles(server)
     server.fail_if_dead(w.name)
     text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
@@ -151,7 +153,8 @@ def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: st
             "output_tokens": result.output_tokens, "errors": result.errors, "warmup_s": round(warm_s, 2),
             "ttft_ms": result.ttft_ms, "itl_ms": result.itl_ms, "latency_ms": result.latency_ms,
             "gauges": gauges, "api_processes": sum("APIServer" in t for t in titles), "processes": titles,
-            "api_cpu_share": gauges.get("api_cpu_share")}
+            "api_cpu_share": gauges.get("api_cpu_share"),
+            "client_cpu_share": round(client / result.wall_s, 3) if result.wall_s else None}
 
 
 def instance(lever: str, number: int, args, workloads, phases, fixed: list[str], env: dict, head: dict) -> list[dict]:
@@ -186,21 +189,22 @@ def instance(lever: str, number: int, args, workloads, phases, fixed: list[str],
     return rows
 
 
-def comparisons(rows: list[dict]) -> dict[tuple[str, str], stats.Comparison]:
-    """(shape, lever) -> the lever's instances against the defaults' (95% two-sided interval), the noise
-    pooled over every config's instances of that shape."""
-    by: dict[tuple[str, str], list[float]] = {}
+def comparisons(rows: list[dict]) -> dict[tuple[str, str, str], stats.Comparison]:
+    """(run, shape, lever) -> the lever's instances against the defaults' of the same run (95% two-sided
+    interval), the noise pooled over every config's instances of that shape in that run: a lever is
+    only ever compared with defaults measured in its own run."""
+    by: dict[tuple[str, str, str], list[float]] = {}
     for r in rows:
         if r.get("tps") and not r.get("errors"):
-            by.setdefault((r["shape"], r["lever"]), []).append(r["tps"])
+            by.setdefault((r["run"], r["shape"], r["lever"]), []).append(r["tps"])
     out = {}
-    for shape in {s for s, _ in by}:
-        groups = {lever: v for (s, lever), v in by.items() if s == shape}
+    for run, shape in {(run, s) for run, s, _ in by}:
+        groups = {lever: v for (rn, s, lever), v in by.items() if (rn, s) == (run, shape)}
         if "defaults" not in groups:
             continue
         noise = stats.pooled_noise(list(groups.values()))
         for lever, values in groups.items():
-            out[(shape, lever)] = stats.compare(values, groups["defaults"], noise, level=0.975)
+            out[(run, shape, lever)] = stats.compare(values, groups["defaults"], noise, level=0.975)
     return out
 
 
@@ -212,7 +216,7 @@ def next_lever(rows: list[dict], levers: list[str], bar: float) -> str | None:
     """The config to measure again: the one whose interval is widest on any shape, above the bar (the
     defaults instead while they have fewer instances than it); None when every row is within the bar."""
     comps = comparisons(rows)
-    width = {lever: max((half_width(c) for (s, lv), c in comps.items() if lv == lever), default=math.inf)
+    width = {lever: max((half_width(c) for (_, s, lv), c in comps.items() if lv == lever), default=math.inf)
              for lever in levers if lever != "defaults"}
     failed = {r["lever"] for r in rows if r.get("failure")}
     wide = {lv: w for lv, w in width.items() if w > bar and lv not in failed}
@@ -221,6 +225,16 @@ def next_lever(rows: list[dict], levers: list[str], bar: float) -> str | None:
     lever = max(wide, key=wide.get)
     count = lambda lv: len({r["instance"] for r in rows if r["lever"] == lv})  # noqa: E731
     return "defaults" if count("defaults") <= count(lever) else lever
+
+
+def defaults_spread(rows: list[dict]) -> float | None:
+    """The largest ratio less one between instances of the defaults on one shape (None below two)."""
+    spreads = []
+    for shape in {r.get("shape") for r in rows if r.get("tps")}:
+        tps = [r["tps"] for r in rows if r["lever"] == "defaults" and r.get("shape") == shape and r.get("tps")]
+        if len(tps) >= 2:
+            spreads.append(max(tps) / min(tps) - 1)
+    return max(spreads, default=None)
 
 
 def run(args) -> int:
@@ -249,6 +263,11 @@ def run(args) -> int:
         elif not (lever := next_lever(rows, levers, args.bar)):
             print("every row within the bar", flush=True)
             break
+        if (spread := defaults_spread(rows)) is not None and spread > args.max_defaults_spread:
+            print(f"stopped: instances of the defaults differ by {spread:.1%} on one shape, more than "
+                  f"--max-defaults-spread {args.max_defaults_spread:.0%}: this host cannot resolve a lever to "
+                  f"{args.bar:.0%} within the budget", flush=True)
+            break
         t = time.monotonic()
         rows += instance(lever, number, args, workloads, phases, fixed, env, head)
         durations.append(time.monotonic() - t)
@@ -266,20 +285,20 @@ def table(paths: list[Path]) -> str:
     rows = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
     comps = comparisons(rows)
     out = []
-    for shape in dict.fromkeys(r["shape"] for r in rows if r.get("shape")):
-        mine = [r for r in rows if r.get("shape") == shape]
+    for run, shape in dict.fromkeys((r["run"], r["shape"]) for r in rows if r.get("shape")):
+        mine = [r for r in rows if (r["run"], r.get("shape")) == (run, shape)]
         first = mine[0]
         slo = (first.get("slo") or {}).get(shape)
-        out += [f"**{shape}** ({first['device']}, {first['model']}, run {first['run']} at {first['commit']}, "
+        out += [f"**{shape}** ({first['device']}, {first['model']}, run {run} at {first['commit']}, "
                 f"{first['concurrency']} in flight, {first['requests']} requests a phase"
                 + (f"; SLO TTFT p99 {slo['ttft_p99_ms']:.0f} ms, ITL p99 {slo['itl_p99_ms']:.0f} ms" if slo else "")
                 + ")", "",
                 "| lever | instances | tok/s (mean) | ratio [95% interval] | half-width | TTFT p50/p99 ms | "
-                "ITL p50/p99 ms | API servers | API CPU share |" + (" within SLO |" if slo else ""),
-                "|---|---|---|---|---|---|---|---|---|" + ("---|" if slo else "")]
+                "ITL p50/p99 ms | API servers | API CPU share | client CPU share |" + (" within SLO |" if slo else ""),
+                "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if slo else "")]
         for lever in dict.fromkeys(r["lever"] for r in mine):
             group = [r for r in mine if r["lever"] == lever and r.get("tps")]
-            c = comps.get((shape, lever))
+            c = comps.get((run, shape, lever))
             ratio = (f"{c.ratio:.3f} [{c.low:.3f}, {c.high:.3f}]" if c and c.high != math.inf else
                      f"{c.ratio:.3f} [open]" if c else "-")
             width = f"{half_width(c):.1%}" if c and lever != "defaults" else "-"
@@ -291,10 +310,11 @@ def table(paths: list[Path]) -> str:
                 within = f" {ok}/{len(group)} |"
             api = ",".join(sorted({str(r.get("api_processes")) for r in group}))
             share = ",".join(f"{r['api_cpu_share']:.2f}" for r in group if r.get("api_cpu_share") is not None)
+            client = ",".join(f"{r['client_cpu_share']:.2f}" for r in group if r.get("client_cpu_share") is not None) or "-"
             out.append(f"| {lever} | {len(group)} | {mean} | {ratio} | {width} | "
                        f"{_median(group, 'ttft_ms', 'p50')}/{_median(group, 'ttft_ms', 'p99')} | "
-                       f"{_median(group, 'itl_ms', 'p50')}/{_median(group, 'itl_ms', 'p99')} | {api} | {share} |{within}")
-        failed = [r for r in rows if r.get("failure")]
+                       f"{_median(group, 'itl_ms', 'p50')}/{_median(group, 'itl_ms', 'p99')} | {api} | {share} | {client} |{within}")
+        failed = [r for r in rows if r.get("failure") and r["run"] == run]
         out += [f"| {r['lever']} | failed to start | {r['failure']}: {r['detail'][:120]} |" for r in failed]
         out.append("")
     return "\n".join(out)
@@ -311,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--bar", type=float, default=BAR, help="half-width to reach (0.05: 5%%)")
     r.add_argument("--budget-s", type=float, default=1200.0, help="no instance starts unless the longest one so far "
                    "still fits (the first rounds take turns, so a cut leaves every lever measured once)")
+    r.add_argument("--max-defaults-spread", type=float, default=math.inf, help="stop once two instances of the "
+                   "defaults differ by more than this on a shape (0.10: 10%%; a host that noisy cannot resolve a lever)")
     r.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
     r.add_argument("--extra-flag", action="append", default=[], help="a flag every instance gets (repeatable; "
                    "the stand-in: --extra-flag=--load-format --extra-flag=dummy)")

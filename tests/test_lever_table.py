@@ -38,7 +38,7 @@ def test_levers_take_turns_and_a_batch_limit_below_the_concurrency_loses(tmp_pat
                for r in measured)
     # Every instance got the same requests: the same output tokens, whatever the config.
     assert len({r["output_tokens"] for r in measured}) == 1
-    loser = lever_table.comparisons(rows)[("tiny-c8", "max-num-seqs-2")]
+    loser = lever_table.comparisons(rows)[(rows[0]["run"], "tiny-c8", "max-num-seqs-2")]
     assert loser.high < 1 and loser.ratio < 0.5   # 2 slots of 8: about a quarter the speed
     text = lever_table.table([out])
     assert "| max-num-seqs-2 | 2 |" in text and f"{loser.ratio:.3f} [{loser.low:.3f}, {loser.high:.3f}]" in text
@@ -47,10 +47,19 @@ def test_levers_take_turns_and_a_batch_limit_below_the_concurrency_loses(tmp_pat
 
 def test_the_next_instance_goes_to_the_widest_row_or_to_the_defaults_when_they_have_fewer():
     def rows(lever, values):
-        return [{"shape": "s", "lever": lever, "instance": f"{lever}{i}", "tps": v} for i, v in enumerate(values)]
+        return [{"run": "r", "shape": "s", "lever": lever, "instance": f"{lever}{i}", "tps": v}
+                for i, v in enumerate(values)]
 
     tight = rows("defaults", [100, 101, 99]) + rows("a", [120, 121, 119])
     assert lever_table.next_lever(tight, ["defaults", "a"], 0.05) is None
     wide = tight + rows("b", [80, 120])   # one lever spreads: the pooled noise widens every row
     assert lever_table.next_lever(wide, ["defaults", "a", "b"], 0.05) == "b"
     assert lever_table.next_lever(wide + rows("b", [90, 110]), ["defaults", "a", "b"], 0.05) == "defaults"
+
+
+def test_the_spread_between_instances_of_the_defaults_is_read_per_shape():
+    rows = [{"lever": "defaults", "shape": "a", "tps": 100.0}, {"lever": "defaults", "shape": "b", "tps": 50.0},
+            {"lever": "x", "shape": "a", "tps": 300.0}]
+    assert lever_table.defaults_spread(rows) is None   # one instance a shape: nothing to compare
+    rows.append({"lever": "defaults", "shape": "a", "tps": 170.0})
+    assert abs(lever_table.defaults_spread(rows) - 0.7) < 1e-9   # the H100 host of 2026-12-06 read 1.7x

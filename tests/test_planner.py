@@ -278,6 +278,6 @@ def test_the_levers_withheld_won_nowhere_in_the_committed_table():
     assert set(named) == set(WON_NOWHERE)
     comps = lever_table.comparisons(rows)
     for knob, lever in named.items():
-        measured = {shape: c for (shape, lv), c in comps.items() if lv == lever}
+        measured = {shape: c for (run, shape, lv), c in comps.items() if lv == lever}
         assert set(measured) == {"serving-c32", "serving-c128"}
         assert all(c.low <= 1 for c in measured.values()), (knob, measured)
