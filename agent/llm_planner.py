@@ -115,6 +115,7 @@ def _plan(data, space: Space, k: int) -> tuple[list[Proposal], list[Narrowing], 
             params = item["params"]
             if not isinstance(params, dict) or not params:
                 raise ValueError("params is not a non-empty object")
+            params = space.normal(params)   # a reply's 32.0 for an int knob is 32; a wrong type stays wrong
             if problems := space.problems(params):
                 raise ValueError("; ".join(problems))
             out.append(Proposal(dict(params), _clean_text(item.get("rationale", ""), "rationale"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import operator
 import os
 from dataclasses import dataclass, field, replace
@@ -56,16 +57,33 @@ class Knob:
             return trial.suggest_categorical(self.name, [False, True])
         return trial.suggest_categorical(self.name, list(self.choices))
 
+    def normal(self, value: Any) -> Any:
+        """value in this knob's own type where that loses nothing: an integral float (a JSON reply's 32.0)
+        becomes an int for an int knob or an int choice, an int a float for a float knob. A bool never
+        stands for a number, nor a number for a bool; anything else is returned as it is, for check()."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value
+        if isinstance(value, float) and value.is_integer() and (
+                self.type == "int" or any(type(c) is int and c == value for c in self.choices)):
+            return int(value)
+        if self.type == "float" and isinstance(value, int):
+            return float(value)
+        return value
+
     def check(self, value: Any) -> str | None:
-        """Why value is not a point of this knob, or None."""
+        """Why value is not a point of this knob, or None. Strict: the value's type is the knob's own
+        (False is not the choice 0, 32.0 is not the int 32: normal() converts what can be converted)."""
         if self.type == "bool":
             return None if isinstance(value, bool) else f"{value!r} is not true or false"
         if self.type == "categorical":
-            return None if value in self.choices else f"{value!r} is not one of {list(self.choices)}"
+            return None if any(type(c) is type(value) and c == value for c in self.choices) else \
+                f"{value!r} is not one of {list(self.choices)}"
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"{value!r} is not a number"
-        if self.type == "int" and value != int(value):
+        if self.type == "int" and not isinstance(value, int):
             return f"{value!r} is not a whole number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{value!r} is not a finite number"
         if not self.low <= value <= self.high:
             return f"{value!r} is outside [{self.low}, {self.high}]"
         return None
@@ -137,6 +155,11 @@ class Space:
                     out.append(point)
         random.Random(seed).shuffle(out)
         return out
+
+    def normal(self, point: dict) -> dict:
+        """The point with each known knob's value in that knob's own type (Knob.normal); what cannot be
+        converted stays as it is, for problems() to refuse. Every proposal passes here before the study."""
+        return {name: self.knobs[name].normal(v) if name in self.knobs else v for name, v in point.items()}
 
     def problems(self, point: dict) -> list[str]:
         """Everything that makes point not a valid point of this space (empty when valid)."""

@@ -194,3 +194,85 @@ def test_a_reply_may_narrow_a_numeric_range_and_bad_ranges_are_refused(llm):
     assert (kept.knob, kept.low, kept.high) == ("max-num-seqs", 1, 32)
     assert p.narrow(SPACE, HISTORY) == []   # handed over once
     assert len(calls[0].rejected) == 4 and all(r.startswith("narrow") for r in calls[0].rejected)
+
+
+# ---- 1,000 replies of every wrong type per space, checked at the argv with an oracle of its own ----
+
+WRONG = [True, False, 0, 1, -1, 3, 32, 32.0, 32.5, 1e309, float("nan"), "32", "", "true", "auto; rm -rf /", None,
+         [32], {"x": 1}, 16.0, 0.9, 2, 8, 64.0, "FLASH_ATTN", "fp8", 4, 4.0, 1024, 2.0**31]
+
+
+def fuzz_replies(space, n: int, seed: int):
+    """n replies, each proposing one or two knobs of the space with values drawn from WRONG and from the
+    knob's own choices and bounds (as written, as floats, as strings), so every wrong type meets every knob."""
+    import random
+
+    rng = random.Random(seed)
+    names = sorted(space.knobs)
+    for _ in range(n):
+        params = {}
+        for name in rng.sample(names, rng.randint(1, 2)):
+            knob = space.knobs[name]
+            own = list(knob.choices) + [v for v in (knob.low, knob.high) if v is not None] + \
+                ([False, True] if knob.type == "bool" else [])
+            variants = own + [float(v) for v in own if isinstance(v, (int, float)) and not isinstance(v, bool)] \
+                + [str(v) for v in own]
+            params[name] = rng.choice(variants if rng.random() < 0.6 else WRONG)
+        yield json.dumps({"proposals": [{"params": params, "rationale": "fuzz", "expected": "fuzz"}]})
+
+
+def argv_value_is_the_knobs_own(knob, shown: str) -> bool:
+    """The oracle, written from the space file's meaning rather than the parser's checks: an int knob's
+    argv value is a plain integer in range, a float knob's a finite number in range, a bool knob's is a
+    flag without a value, a categorical's the choice exactly as the space file writes it."""
+    import math
+    import re
+
+    if knob.type == "int":
+        return bool(re.fullmatch(r"-?\d+", shown)) and knob.low <= int(shown) <= knob.high
+    if knob.type == "float":
+        return re.fullmatch(r"-?\d+(\.\d+)?(e-?\d+)?", shown) is not None and math.isfinite(float(shown)) \
+            and knob.low <= float(shown) <= knob.high
+    return shown in {json.dumps(c) if not isinstance(c, str) else c for c in knob.choices} | \
+        {str(c) for c in knob.choices if not isinstance(c, bool)}
+
+
+@pytest.mark.parametrize("name", ["vllm-cpu", "vllm-gpu"])
+def test_a_thousand_fuzzed_replies_reach_argv_only_in_each_knobs_own_type(name, tmp_path):
+    """The real path: the reply parsed, enqueued in an Optuna study, asked back, mapped to flags and env
+    and to the argv the server gets. Every value there must be its knob's own type and range."""
+    import optuna
+
+    from agent import study as studies
+
+    space = spaces.load(name, cpu_flags={"avx512f"})
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", sampler=optuna.samplers.RandomSampler(0))
+    accepted = 0
+    for reply in fuzz_replies(space, 1000, seed=len(name)):
+        proposals, _ = parse(reply, space, 1)
+        if not proposals:
+            continue
+        studies.enqueue(study, proposals)
+        trial = study.ask()
+        point = {k: space.knobs[k].suggest(trial) for k in proposals[0].params}
+        study.tell(trial, 1.0)
+        flags, env = space.to_flags_env(point)
+        argv = specs.argv_of(flags)
+        for knob_name, value in point.items():
+            knob = space.knobs[knob_name]
+            if knob.target == "env":
+                assert env[knob_name] in {str(c).replace("{last_cpu}", env[knob_name].split("-")[-1])
+                                          for c in knob.choices}, (reply, env)
+                continue
+            flag, _, key = knob_name.partition(".")
+            if key:   # a JSON flag's sub-key: the decoded JSON holds the knob's own type
+                sent = json.loads(argv[argv.index(f"--{flag}") + 1])[key] if f"--{flag}" in argv else None
+                if sent is not None:
+                    assert argv_value_is_the_knobs_own(knob, json.dumps(sent) if not isinstance(sent, str) else sent), \
+                        (reply, argv)
+            elif knob.type == "bool":
+                assert (f"--{flag}" in argv) != (f"--no-{flag}" in argv), (reply, argv)
+            elif f"--{flag}" in argv:
+                assert argv_value_is_the_knobs_own(knob, argv[argv.index(f"--{flag}") + 1]), (reply, argv)
+        accepted += 1
+    assert accepted > 100   # the fuzz reached the argv often, not only the parser's refusals
