@@ -70,7 +70,8 @@ def test_the_branch_serves_the_commit_that_was_measured():
     run = Run(id="r", model="org/tiny", model_revision=SHA)
     trial = Trial(number=3, source="sampler", flags={"max-num-seqs": 8}, env={}, meter={})
     files = proposal.files(run, trial)
-    assert f'--model "${{MODEL:-org/tiny}}" --revision {SHA} ' in files["serving/launch.sh"][0]
+    assert "model=org/tiny\n" in files["serving/launch.sh"][0]
+    assert f'--model "$model" --revision {SHA} ' in files["serving/launch.sh"][0]
     assert f'"model_revision": "{SHA}"' in files["serving/results.json"][0]
 
 
