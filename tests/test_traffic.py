@@ -309,3 +309,18 @@ def test_a_run_on_user_traffic_keeps_held_out_requests_out_of_search_and_prompts
                    capture_output=True, cwd=ROOT)
     for text in (branches, report.read_text(), proc.stdout):
         assert "zebra-quartz" not in text
+
+
+@pytest.mark.parametrize("field, value", [
+    ("repetition_penalty", -1), ("repetition_penalty", 0), ("min_tokens", 64), ("logit_bias", {"x": "y"}),
+    ("logit_bias", {"12": 500}), ("stop_token_ids", ["x"]), ("stop_token_ids", [-3]), ("frequency_penalty", 3),
+    ("presence_penalty", -2.5), ("temperature", 5), ("response_format", {"type": "yaml"})])
+def test_values_vllm_would_answer_400_to_are_refused_before_any_server_starts(tmp_path, field, value):
+    """Each would reach vLLM, which answers 400 only after the model loads (the run failing at its
+    defaults); the reader refuses it with the file, the line and the value (min_tokens: above max_tokens 16)."""
+    path = tmp_path / "t.jsonl"
+    good = {"prompt": "Hello", "max_tokens": 16}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, field: value}) + "\n")
+    with pytest.raises(TrafficError) as e:
+        load(path)
+    assert f"{path}:2" in str(e.value) and field in str(e.value), str(e.value)
