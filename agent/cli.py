@@ -18,6 +18,8 @@ from git import GitCommandError
 from rich.console import Console
 from sqlalchemy.exc import OperationalError
 from rich.table import Table
+from rich.markup import escape
+from rich.text import Text
 
 from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, recovery, space as spaces
 from agent import report_text, storage as storages, study as studies
@@ -951,9 +953,9 @@ def ledger_sql(query: str) -> None:
         columns, rows = open_ledger().sql(query)
     except (sqlite3.Error, DBAPIError, ValueError) as e:
         raise fail(f"sql: {storages.first_line(e)}") from None
-    table = Table(*columns)
-    for r in rows:
-        table.add_row(*("" if v is None else str(v) for v in r))
+    table = Table(*(escape(str(c)) for c in columns))
+    for r in rows:   # cells are data: "[rank0]: CUDA error" is printed as it is, never read as markup
+        table.add_row(*(Text("" if v is None else str(v)) for v in r))
     out.print(table)
 
 

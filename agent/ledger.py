@@ -214,6 +214,17 @@ PG_CONNECT = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "ke
               "keepalives_count": 3, "tcp_user_timeout": 30_000}
 
 
+SECRET_QUERY_KEYS = ("password", "sslpassword", "passfile", "sslkey")
+
+
+def safe_url(url: str) -> str:
+    """A database URL as it may be printed or logged: its password hidden, whether given before the
+    host or as a query parameter (?password=...), which SQLAlchemy's own rendering keeps."""
+    parsed = make_url(url)
+    query = {k: ("***" if k.lower() in SECRET_QUERY_KEYS else v) for k, v in parsed.query.items()}
+    return parsed.set(query=query).render_as_string(hide_password=True)
+
+
 class Ledger:
     def __init__(self, where: Path | str):
         """where: a SQLite file's path, or a database URL (sqlite:///..., postgresql+psycopg://...)."""
@@ -227,7 +238,7 @@ class Ledger:
             self.path = Path(url.split("///", 1)[1])
         self.url = url
         # How messages name it: the file, or the URL without its password.
-        self.where = str(self.path) if self.sqlite else make_url(url).render_as_string(hide_password=True)
+        self.where = str(self.path) if self.sqlite else safe_url(url)
         self.engine = (create_engine(url, connect_args={"timeout": 30}) if self.sqlite
                        else create_engine(url, pool_pre_ping=True, connect_args=PG_CONNECT))
 

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from agent.ledger import PG_CONNECT
+from agent.ledger import PG_CONNECT, safe_url
 
 OPTUNA_SCHEMA = "optuna"
 SQLITE_TIMEOUT_S = 60   # several local writers wait for each other's (short) transactions
@@ -39,7 +39,7 @@ class Storage:
 
     def describe(self) -> str:
         """The URL as it may be printed or logged: never its password."""
-        return make_url(self.ledger_url).render_as_string(hide_password=True)
+        return safe_url(self.ledger_url)
 
     def study(self) -> optuna.storages.RDBStorage:
         """Optuna's storage for this run's study (an object: so a URL's password never reaches a log line)."""

@@ -172,6 +172,10 @@ def test_cli_reads_the_ledger(night, monkeypatch):
     assert result.exit_code == 0
     result = runner.invoke(app, ["ledger", "sql", "delete from trials"])
     assert result.exit_code == 2 and "readonly" in result.stderr.replace(" ", "").lower()
+    # Cells are data, not Rich markup: brackets print as they are and never crash the table.
+    result = runner.invoke(app, ["ledger", "sql", "select '[rank0]: CUDA error' as a, 'path [/usr/lib/x]' as b"])
+    assert result.exit_code == 0, result.output
+    assert "[rank0]: CUDA error" in result.stdout and "path [/usr/lib/x]" in result.stdout.replace("\n", "")
     result = runner.invoke(app, ["branches", "--run", "r1"])
     assert result.exit_code == 0 and "agent/r1/" in result.stdout
     result = runner.invoke(app, ["report", "--run", "r1"])

@@ -39,3 +39,16 @@ def test_a_run_row_written_before_the_settings_were_stored_as_used_is_read_with_
     # older still: no workload spec, no prior: the run's workload name and no prior
     older = settings_of(Run(id="r0", workload="smoke", settings={"home": str(tmp_path)}))
     assert older.workload == "smoke" and older.gate.noise_prior == Noise(0.0, 0)
+
+
+def test_a_postgresql_password_given_as_a_query_parameter_is_never_printed(tmp_path):
+    """SQLAlchemy hides a password before the host but keeps ?password=: every line that names the
+    database hides both."""
+    from agent import storage as storages
+    from agent.ledger import safe_url
+
+    url = "postgresql://agent@db.example:5432/runs?password=s3cret-pw&sslmode=require"
+    said = [storages.resolve(url, tmp_path).describe(), safe_url(url),
+            safe_url("postgresql://agent:s3cret-pw@db.example/runs")]
+    assert not [line for line in said if "s3cret" in line], said
+    assert "db.example" in said[0] and "sslmode=require" in said[0]
