@@ -908,8 +908,10 @@ def ledger_list(
     if as_json:
         out.print_json(ledgers.to_json(rows))
         return
+    # The latencies beside the ratio: a faster config may have bought its tokens/s with latency (the
+    # defaults' own rows, source baseline/aa, show theirs).
     columns = ["run_id", "number", "source", "status", "failure_class", "tps", "drift", "tps_ratio", "heldout_ratio",
-               "ppl", "ppl_change", "agreement", "decision", "branch", "worker_id"]
+               "ttft_p99_ms", "itl_p99_ms", "ppl", "ppl_change", "agreement", "decision", "branch", "worker_id"]
     if as_csv:
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)

@@ -45,7 +45,8 @@ def engine_defaults(ctx: RunContext, seams: Seams) -> dict:
 
 
 def instance_of(t: Trial) -> Instance:
-    return Instance(t.tps, t.heldout_tps, t.ppl, {"ids": t.greedy or [], "tops": t.top_logprobs})
+    return Instance(t.tps, t.heldout_tps, t.ppl, {"ids": t.greedy or [], "tops": t.top_logprobs},
+                    t.ttft_p99_ms, t.itl_p99_ms)
 
 
 def judged_aa(history: list[Trial], settings: GateSettings) -> tuple[Baseline, gate.AAVerdict | None]:

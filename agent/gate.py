@@ -2,7 +2,8 @@
 
 Pure functions of worker results and the run's baseline, so every verdict can be recomputed from
 the ledger. Three questions, in the order a trial answers them:
-1. No worse (`check`): perplexity, request errors, SLOs, and for a lossless config greedy
+1. No worse (`check`): perplexity, request errors, SLOs (or, without one, no p99 latency above the
+   defaults' beyond their noise: `latency_regressions`), and for a lossless config greedy
    outputs equivalent to the defaults' up to numerics (`greedy_check`), judged by a tolerance
    calibrated on the defaults' own server instances (`calibrate`).
 2. Plausibly faster (`check`'s screen): one instance on the search prompts; a config that is not
@@ -40,8 +41,11 @@ class GateSettings:
     kl_max_lossy: float = 0.005        # the same bound, on by default for lossy configs: perplexity alone was
                                        # gamed in the challenge. H200: online fp8 weights 0.0071 (PPL +17.5%),
                                        # ngram_gpu 0.00027 (numerics only): docs/results.md
-    slo_ttft_p99_ms: float | None = None   # SLO bounds: a faster config that breaks one is refused
-    slo_itl_p99_ms: float | None = None
+    slo_ttft_p99_ms: float | None = None   # SLO bounds: a faster config that breaks one is refused; where
+    slo_itl_p99_ms: float | None = None    # set, each replaces the latency guard for its latency
+    latency_tolerance: float = 0.10    # the latency guard's least tolerance: a p99 is the 3rd-highest of a few hundred
+                                       # requests, so one instance's moves by several percent, and with one or two
+                                       # instances of the defaults their spread says little (latency_bound)
     level: float = 0.99                # one-sided level of each bound, per look of the sequential test
     detect: float = 0.10               # the gain the test is sized for: refused once the bounds exclude it
     max_instances: int = 16            # fresh candidate instances at most in one held-out decision
@@ -228,6 +232,8 @@ class Baseline:
     noise_groups: tuple = ()            # further groups of instances of one config (see stats.pooled_noise)
     unscreened: tuple = ()              # search figures of the defaults kept out of the screen (the A/A's)
     prior: Noise = Noise(0.0, 0)        # the instance noise known before the run (GateSettings.noise_prior)
+    ttft_p99: tuple = ()                # p99 TTFT (ms) of each instance on the search prompts, the A/A's included
+    itl_p99: tuple = ()                 # p99 inter-token latency (ms), the same instances (the latency guard's)
 
     @property
     def tps(self) -> float:
@@ -268,6 +274,7 @@ class Verdict:
     agreement: float | None = None
     kl: float | None = None
     flips: list[Flip] = field(default_factory=list)
+    latency_excess: float = 0.0         # how far (relative) the worst p99 was above the latency guard's bound
 
 
 def greedy_of(result: TrialResult) -> dict:
@@ -321,12 +328,14 @@ def check(result: TrialResult, base: Baseline, lossless: bool, settings: GateSet
         why, found, kl = greedy_check(base.reference, greedy, base.calibration)
         reasons += why
     reasons += slo_breaches(result.bench, settings)
+    slower, excess = latency_regressions(result.bench, base, settings)
+    reasons += slower
     quality_ok = not reasons
     if search.ratio <= 1 + settings.min_gain:
         reasons.append(f"not faster on the search prompts: {search.ratio:.3f}x the defaults "
                        f"(more than {1 + settings.min_gain:.3f} is needed to be worth fresh servers)")
     return Verdict(not reasons, reasons, quality_ok, round(search.ratio, 4), search, round(ppl_change, 5),
-                   agree, kl, found)
+                   agree, kl, found, excess)
 
 
 def slo_breaches(bench: Figures, settings: GateSettings) -> list[str]:
@@ -339,14 +348,69 @@ def slo_breaches(bench: Figures, settings: GateSettings) -> list[str]:
     return out
 
 
+# The latencies the SLOs bound and the latency guard watches: the Figures field, the Baseline field with
+# the defaults' p99s, the GateSettings SLO that replaces the guard, the name a reason uses, the option.
+LATENCIES = (("ttft_ms", "ttft_p99", "slo_ttft_p99_ms", "time to first token", "--slo-ttft-p99-ms"),
+             ("itl_ms", "itl_p99", "slo_itl_p99_ms", "inter-token latency", "--slo-itl-p99-ms"))
+
+
+def latency_bound(p99s: tuple, settings: GateSettings) -> float | None:
+    """The highest p99 a candidate may show without being slower than the defaults beyond their noise.
+
+    A one-sided Student-t prediction bound, at the gate's level, for one more instance's log p99 from
+    the defaults' instances: their geometric mean times exp(t * sd * sqrt(1 + 1/n)). Never tighter
+    than latency_tolerance (a p99 of a few hundred requests moves by several percent between
+    instances, and two or three instances can agree by luck); with one instance, the tolerance alone.
+    None: the defaults measured no such latency."""
+    if not p99s:
+        return None
+    spread = math.log(1 + settings.latency_tolerance)
+    noise = pooled_noise([list(p99s)])   # the defaults' instances as one group: n - 1 degrees of freedom
+    if noise.df >= 1:
+        spread = max(spread, t_quantile(settings.level, noise.df) * noise.sd * math.sqrt(1 + 1 / len(p99s)))
+    return geomean(p99s) * math.exp(spread)
+
+
+def latency_regressions(bench: Figures, base: Baseline, settings: GateSettings) -> tuple[list[str], float]:
+    """The latency guard: at the same load, a config may raise tokens/s by holding requests longer
+    (--stream-interval 8 took the inter-token p99 from 21 to 87 ms on an H100 at 32 in flight, fewer
+    --max-num-seqs made the TTFT p99 ten times the defaults'). Why a candidate's p99 TTFT or ITL is
+    above the defaults' beyond their noise, and how far above the bound the worst one is.
+
+    Only under the objective tps: goodput counts only requests within the SLOs, and a latency
+    objective is the latency itself, so both already weigh what this guards. A latency the user gave
+    an SLO for is judged by that SLO alone (slo_breaches): the user said how much latency is fine."""
+    if bench.objective != "tps":
+        return [], 0.0
+    reasons, worst = [], 0.0
+    for key, field_, slo, name, option in LATENCIES:
+        mine, theirs = getattr(bench, key).get("p99"), getattr(base, field_)
+        bound = latency_bound(theirs, settings)
+        if getattr(settings, slo) is not None or mine is None or bound is None or mine <= bound:
+            continue
+        reasons.append(f"latency: p99 {name} {fmt_ms(mine)} ms is above the defaults' {fmt_ms(geomean(theirs))} ms "
+                       f"beyond their noise (bound {fmt_ms(bound)} ms; set {option} to allow it)")
+        worst = max(worst, mine / bound - 1)
+    return reasons, round(worst, 4)
+
+
+def geomean(values) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def fmt_ms(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"   # an ITL of a few ms keeps its tenths
+
+
 def constraint(verdict: Verdict, result: TrialResult, settings: GateSettings) -> float:
     """Optuna's constraint for a trial, computed once (0: feasible). A failure or any quality
-    refusal is infeasible, scaled by how far an SLO was broken where that is what refused it."""
+    refusal is infeasible, scaled by how far an SLO or the latency guard's bound was broken where
+    that is what refused it."""
     if not result.ok:
         return 1.0
     if verdict.quality_ok:
         return 0.0
-    worst = 0.0
+    worst = verdict.latency_excess
     for key, bound in (("ttft_ms", settings.slo_ttft_p99_ms), ("itl_ms", settings.slo_itl_p99_ms)):
         p99 = getattr(result.bench, key).get("p99")
         if bound and p99 is not None:
@@ -479,6 +543,8 @@ class Instance:
     heldout_tps: float | None = None
     ppl: float | None = None
     greedy: dict | None = None          # {"ids": ..., "tops": ...}
+    ttft_p99_ms: float | None = None    # its latencies on the search prompts, for the latency guard
+    itl_p99_ms: float | None = None
 
 
 def baseline_of(instances: list[Instance], settings: GateSettings, extras: tuple = (),
@@ -489,12 +555,15 @@ def baseline_of(instances: list[Instance], settings: GateSettings, extras: tuple
     (so a first decision needs one fresh instance of the candidate, not two instances)."""
     reference = instances[0].greedy or {"ids": [], "tops": []}
     others = [i.greedy for i in instances[1:] if i.greedy]
-    ppls = [i.ppl for i in (*instances, *([aa] if aa else [])) if i.ppl]
+    measured = [*instances, *([aa] if aa else [])]   # every instance measured on the search prompts
+    ppls = [i.ppl for i in measured if i.ppl]
     heldout = [*([aa.heldout_tps] if aa and aa.heldout_tps else []), *extras]
     return Baseline(search=[i.tps for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls), reference=reference,
                     calibration=calibrate(reference, others, settings.exact),
                     noise_groups=(tuple(heldout),) if heldout else (), unscreened=(aa.tps,) if aa else (),
-                    prior=settings.noise_prior)
+                    prior=settings.noise_prior,
+                    ttft_p99=tuple(i.ttft_p99_ms for i in measured if i.ttft_p99_ms and i.ttft_p99_ms > 0),
+                    itl_p99=tuple(i.itl_p99_ms for i in measured if i.itl_p99_ms and i.itl_p99_ms > 0))
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,41 @@ from collections.abc import Iterator
 from rich.table import Table
 
 from agent import budget, refusals
-from agent.gate import unit
+from agent.gate import fmt_ms, geomean, unit
 from agent.ledger import LearnedRule, RangeChange, Run, Trial
+
+# The defaults' instances measured on the search prompts, whose latencies a candidate's are judged
+# against (agent.defaults.DEFAULTS_SOURCES less "extra": those measure the held-out prompts only).
+DEFAULTS_ON_SEARCH = ("baseline", "aa", "drift", "device")
+P99S = (("ttft_p99_ms", "TTFT"), ("itl_p99_ms", "ITL"))
 
 
 def claim(t: Trial) -> str:
     """A branch's claim as the morning reader needs it: held-out ratio and bounds, search ratio beside."""
     return f"{t.held_out_claim}, {t.tps_ratio:.3f}x search" if t.held_out_claim else f"{t.tps_ratio:.3f}x search"
+
+
+def defaults_p99(trials: list[Trial], attr: str) -> float | None:
+    """The defaults' p99 of one latency: the geometric mean of their instances', as the latency guard takes it."""
+    found = [getattr(t, attr) for t in trials
+             if t.source in DEFAULTS_ON_SEARCH and t.status == "ok" and (getattr(t, attr) or 0) > 0]
+    return geomean(found) if found else None
+
+
+def latencies(t: Trial, trials: list[Trial]) -> str:
+    """A trial's p99 TTFT and ITL beside the defaults': a faster config may have bought its tokens/s
+    with latency, and the ratio alone would not show it."""
+    parts = []
+    for attr, name in P99S:
+        mine, theirs = getattr(t, attr), defaults_p99(trials, attr)
+        if mine is not None:
+            parts.append(f"{name} {fmt_ms(mine)} ms" + (f" (defaults {fmt_ms(theirs)})" if theirs else ""))
+    return "p99 " + ", ".join(parts) if parts else "no latencies measured"
+
+
+def on_latency(t: Trial) -> bool:
+    """Refused by the gate for its latency: the latency guard or an SLO."""
+    return t.decision == "refused" and any(r.startswith(("latency:", "SLO:")) for r in t.gate_reasons or [])
 
 
 def summary(run: Run, trials: list[Trial]) -> Iterator[str]:
@@ -25,20 +53,22 @@ def summary(run: Run, trials: list[Trial]) -> Iterator[str]:
            f"baseline {run.baseline_tps:.2f} {unit((run.settings or {}).get('traffic'))} (noise ±{run.noise:.1%} "
            f"log-sd, {run.noise_df} df)")
     for t in sorted(accepted, key=lambda t: -t.claimed_ratio):
-        yield f"  {t.branch}: {t.tps:.2f} {unit(t.meter)}, {claim(t)}, ppl {t.ppl_change:+.2%}"
+        yield f"  {t.branch}: {t.tps:.2f} {unit(t.meter)}, {claim(t)}, ppl {t.ppl_change:+.2%}, {latencies(t, trials)}"
 
 
 def branch_table(trials: list[Trial]) -> Table | str:
-    """Branches, best first, with TPS, the claim, PPL change and greedy agreement."""
+    """Branches, best first, with TPS, the claim, p99 latencies beside the defaults', PPL change and
+    greedy agreement."""
     rows = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     if not rows:
         return "no proposals yet"
-    table = Table("branch", unit(rows[0].meter), "claim (held-out vs defaults, bounds)", "search", "ppl change",
-                  "agreement", "near-tie flips", "rule", "source", "commit")
+    table = Table("branch", unit(rows[0].meter), "claim (held-out vs defaults, bounds)", "search", "latency",
+                  "ppl change", "agreement", "near-tie flips", "rule", "source", "commit")
     for t in rows:
         held = (f"{t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
                 if t.heldout_ratio is not None and t.heldout_interval else "")
-        table.add_row(t.branch, f"{t.tps:.2f}", held, f"{t.tps_ratio:.3f}x", f"{t.ppl_change:+.2%}",
+        table.add_row(t.branch, f"{t.tps:.2f}", held, f"{t.tps_ratio:.3f}x", latencies(t, trials),
+                      f"{t.ppl_change:+.2%}",
                       f"{t.agreement:.0%}", str(len(t.flips or [])), t.rule or "", t.source, (t.commit or "")[:10])
     return table
 
@@ -54,6 +84,9 @@ def report(row: Run, trials: list[Trial], rules: list[LearnedRule], narrowings: 
     if row.baseline_tps:
         yield (f"  baseline {row.baseline_tps:.2f} {unit((row.settings or {}).get('traffic'))}, noise ±{row.noise:.1%} "
                f"log-sd ({row.noise_df} df), ppl {row.baseline_ppl:.4f}; workload {row.workload}")
+        found = [f"{name} {fmt_ms(p)} ms" for attr, name in P99S if (p := defaults_p99(trials, attr))]
+        if found:
+            yield f"  the defaults' p99 {', '.join(found)} (geometric mean of their instances)"
     if (row.settings or {}).get("traffic"):
         from agent.proposal import run_meter, traffic_line
 
@@ -90,9 +123,12 @@ def report(row: Run, trials: list[Trial], rules: list[LearnedRule], narrowings: 
         yield f"  drift checks: {', '.join(f'{t.tps_ratio:.3f}x' for t in drift if t.tps_ratio)}"
     accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     for t in accepted:
-        yield (f"  {t.branch}: {claim(t)}, ppl {t.ppl_change:+.2%}, {len(t.flips or [])} near-tie flip(s) "
-               f"[{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
+        yield (f"  {t.branch}: {claim(t)}, {latencies(t, trials)}, ppl {t.ppl_change:+.2%}, {len(t.flips or [])} "
+               f"near-tie flip(s) [{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
     for t in (t for t in trials if t.decision == "dominated"):
-        yield f"  trial {t.number} dominated (not branched): {claim(t)}: {t.gate_reasons[-1]}"
+        yield f"  trial {t.number} dominated (not branched): {claim(t)}, {latencies(t, trials)}: {t.gate_reasons[-1]}"
+    for t in (t for t in trials if on_latency(t)):   # faster, perhaps, but by holding requests longer
+        yield (f"  trial {t.number} refused on latency: {t.tps_ratio:.3f}x search, {latencies(t, trials)} "
+               f"[{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
     if not accepted:
         yield "  no accepted config yet"

@@ -32,8 +32,8 @@ def greedy(ids, tie_at=None, margin=0.125, take_runner_up=False):
     return {"ids": ids, "tops": tops(ids, tie_at, margin)}
 
 
-def result(tps, g, ppl=8.0, ttft=50.0):
-    return TrialResult(bench=Figures(tps=tps, ttft_ms={"p99": ttft}, itl_ms={"p99": 40.0}),
+def result(tps, g, ppl=8.0, ttft=50.0, itl=40.0):
+    return TrialResult(bench=Figures(tps=tps, ttft_ms={"p99": ttft}, itl_ms={"p99": itl}),
                        quality=Quality(ppl=ppl, greedy=[{"token_ids": i, "top_logprobs": t}
                                                         for i, t in zip(g["ids"], g["tops"])]))
 
@@ -281,3 +281,96 @@ def test_a_gain_near_the_noise_takes_more_looks_than_one_far_above_it():
     assert low(near) > 1.0 >= low(near - 1)
     assert looks_needed(1.0, noise, settings) is None and looks_needed(1.13, Noise(0.058, 0), settings) is None
     assert looks_needed(1.02, noise, settings) is None   # beyond max_instances
+
+
+# ---- The latency guard: faster at the same load, but not by holding requests longer ----------
+
+def latency_base(itl=(20.0, 21.0, 22.0), ttft=(130.0, 125.0, 135.0), tps=(10.0, 10.3, 9.8)):
+    """The defaults with their search instances' p99 latencies (ms), as the ledger's rows give them."""
+    g = greedy(IDS)
+    return baseline_of([Instance(t, t * 0.97, 8.0, g, f, i) for t, f, i in zip(tps, ttft, itl)], GateSettings())
+
+
+def test_a_faster_candidate_with_four_times_the_defaults_inter_token_p99_is_refused_on_latency():
+    base = latency_base()
+    slow_stream = result(12.0, greedy(IDS), ttft=130.0, itl=84.0)   # 1.2x the tokens/s, 4x the ITL p99
+    verdict = check(slow_stream, base, lossless=True)
+    bound = gate.latency_bound(base.itl_p99, GateSettings())
+    assert verdict.tps_ratio == pytest.approx(1.2, rel=0.02)
+    assert not verdict.passed and not verdict.quality_ok
+    assert verdict.reasons == [f"latency: p99 inter-token latency 84 ms is above the defaults' 21 ms beyond their "
+                               f"noise (bound {bound:.0f} ms; set --slo-itl-p99-ms to allow it)"]
+    # Infeasible for Optuna, scaled by how far the bound was exceeded, as an SLO breach is.
+    assert gate.constraint(verdict, slow_stream, GateSettings()) == pytest.approx(84.0 / bound - 1, abs=1e-3)
+    # The same for the time to first token.
+    late = check(result(12.0, greedy(IDS), ttft=1254.0, itl=21.0), base, lossless=True)
+    assert not late.quality_ok and late.reasons[0].startswith("latency: p99 time to first token 1254 ms")
+
+
+def test_a_users_slo_replaces_the_guard_for_its_latency():
+    base = latency_base()
+    slow_stream = result(12.0, greedy(IDS), ttft=130.0, itl=84.0)
+    allowed = GateSettings(slo_itl_p99_ms=100.0)   # the user said up to 100 ms is fine
+    assert check(slow_stream, base, lossless=True, settings=allowed).passed
+    tight = GateSettings(slo_itl_p99_ms=50.0)      # above the user's own SLO: refused by it, not by the guard
+    assert check(slow_stream, base, lossless=True, settings=tight).reasons == [
+        "SLO: p99 inter-token latency 84 ms is above the bound 50 ms"]
+    # An SLO on the other latency leaves this one guarded.
+    other = GateSettings(slo_ttft_p99_ms=2000.0)
+    assert check(slow_stream, base, lossless=True, settings=other).reasons[0].startswith("latency: p99 inter-token")
+
+
+def test_a_p99_within_the_defaults_spread_passes():
+    base = latency_base()
+    # 23 ms against instances of 20, 21, 22 ms; 137 ms TTFT against 125-135 ms.
+    assert check(result(12.0, greedy(IDS), ttft=137.0, itl=23.0), base, lossless=True).passed
+
+
+def test_the_latency_tolerance_widens_with_the_defaults_spread():
+    settings = GateSettings()
+    steady, spread = (20.0, 21.0, 22.0), (15.0, 21.0, 29.0)
+    noise = pooled_noise([list(spread)])
+    expected = gate.geomean(spread) * math.exp(t_quantile(settings.level, 2) * noise.sd * math.sqrt(1 + 1 / 3))
+    assert gate.latency_bound(spread, settings) == pytest.approx(expected)
+    assert gate.latency_bound(spread, settings) > 2 * gate.latency_bound(steady, settings)
+    # 45 ms: refused against steady defaults, within the noise of ones that spread from 15 to 29 ms.
+    assert not check(result(12.0, greedy(IDS), ttft=130.0, itl=45.0), latency_base(itl=steady), lossless=True).passed
+    assert check(result(12.0, greedy(IDS), ttft=130.0, itl=45.0), latency_base(itl=spread), lossless=True).passed
+
+
+def test_the_floor_applies_with_one_defaults_instance_and_to_defaults_that_agree():
+    settings = GateSettings()
+    assert gate.latency_bound((21.0,), settings) == pytest.approx(21.0 * (1 + settings.latency_tolerance))
+    assert gate.latency_bound((20.0, 20.0, 20.0), settings) == pytest.approx(22.0)
+    one = latency_base(itl=(21.0,), ttft=(130.0,), tps=(10.0,))
+    assert check(result(12.0, greedy(IDS), ttft=130.0, itl=23.0), one, lossless=True).passed
+    assert not check(result(12.0, greedy(IDS), ttft=130.0, itl=23.5), one, lossless=True).quality_ok
+    wider = GateSettings(latency_tolerance=0.2)
+    assert check(result(12.0, greedy(IDS), ttft=130.0, itl=23.5), one, lossless=True, settings=wider).passed
+
+
+def test_the_guard_is_off_where_the_objective_already_weighs_latency_or_nothing_was_measured():
+    base = latency_base()
+    goodput = result(12.0, greedy(IDS), ttft=130.0, itl=84.0)
+    goodput.bench.objective, goodput.bench.figure = "goodput", 12.0   # on the defaults' scale
+    assert check(goodput, base, lossless=True).passed
+    # No latencies on the defaults' rows (an older ledger): nothing to compare with.
+    assert check(result(12.0, greedy(IDS), ttft=130.0, itl=84.0), steady_base(), lossless=True).passed
+
+
+def test_a_baseline_rebuilt_from_the_ledger_on_resume_carries_the_defaults_latencies(tmp_path):
+    from agent.defaults import baseline_from
+    from agent.ledger import Ledger, Run, Trial
+    from agent.recording import record
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.add(Run(id="r", deadline_at="2100-01-01T00:00:00+00:00", model="m", space_path="s", space_hash="h",
+                   workload="smoke", repo="", settings={}))
+    for source, tps, itl in (("baseline", 10.0, 20.0), ("baseline", 10.3, 21.0), ("aa", 9.8, 22.0)):
+        row = ledger.add_trial(Trial(run_id="r", source=source, params={}))
+        record(ledger, row, result(tps, greedy(IDS), ttft=130.0, itl=itl))   # as the loop writes them
+    resumed = Ledger(tmp_path / "ledger.sqlite")   # what a resume reads: the rows, nothing kept in memory
+    base = baseline_from(resumed.trials("r"), GateSettings())
+    assert sorted(base.itl_p99) == [20.0, 21.0, 22.0] and base.ttft_p99 == (130.0, 130.0, 130.0)
+    verdict = check(result(12.0, greedy(IDS), ttft=130.0, itl=84.0), base, lossless=True)
+    assert verdict.reasons[0].startswith("latency: p99 inter-token latency 84 ms is above the defaults' 21 ms")
