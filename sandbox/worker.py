@@ -74,7 +74,8 @@ async def _measure(server: Server, workload, requests: list, timeout_s: float,
     finally:
         stop.set()
         await sampling
-    api_share = (server.api_cpu_seconds() - api_cpu) / wall if wall > 0 else None
+    after_cpu = server.api_cpu_seconds()   # None: a server this process did not start (a script's --url)
+    api_share = (after_cpu - api_cpu) / wall if wall > 0 and None not in (api_cpu, after_cpu) else None
     async with httpx.AsyncClient(timeout=5.0) as client:
         after = await metrics.scrape(client, server.base_url)
     window = workload.concurrency if offsets is None else 1   # closed loop: its steady window (sandbox.bench)

@@ -138,6 +138,9 @@ class Attached:
     def fail_if_dead(self, phase: str) -> None:
         pass
 
+    def api_cpu_seconds(self) -> None:
+        return None   # another's processes: not read
+
     def stop(self):
         from types import SimpleNamespace
         return SimpleNamespace(leftover_pids=[], port_free=None)

@@ -12,3 +12,17 @@ def embedded_model():
     from sandbox.model import prepare
 
     return prepare()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu need the CUDA build (the GPU host): elsewhere they are deselected, not skipped (no
+    test here should skip), and the summary says how many and why."""
+    from sandbox import host
+
+    if host.engine()["name"] == "vllm":
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        print(f"\n{len(gpu)} test(s) marked gpu deselected: they need the CUDA build of vLLM (`vllm serve`)")

@@ -8,12 +8,11 @@ import asyncio
 
 import pytest
 
-from sandbox import bench, host
+from sandbox import bench
 from sandbox.server import Server
 from sandbox.workload import load_workload
 
-pytestmark = [pytest.mark.engine,
-              pytest.mark.skipif(host.engine()["name"] != "vllm", reason="`vllm serve` of the CUDA build only")]
+pytestmark = [pytest.mark.engine, pytest.mark.gpu]   # deselected where the CUDA build is not installed
 
 
 def api_servers(server: Server) -> int:
