@@ -330,6 +330,8 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
         raise fail(f"--repo: {e}") from None
     model_given = model
     model, revision = _ready(model)
+    # A draft folder given relative to here, absolute as the model is (a trial's working directory differs).
+    draft_model = [str(Path(d).resolve()) if Path(d).is_dir() else d for d in draft_model or []]
     if draft_model:
         from agent import drafts
 
@@ -433,6 +435,8 @@ def _ready(model: str) -> tuple[str, str | None]:
         if not embedded.is_ready(embedded.default_dir()):
             console.print("preparing the embedded model (once; about 2 minutes)...")
         return str(embedded.prepare(say=lambda s: console.print(f"  {s}"))), None
+    if Path(model).is_dir():   # a folder, absolute: trials run from the agent's own source root, not here
+        return str(Path(model).resolve()), None
     if not hub.is_hub_id(model):
         return model, None
     try:

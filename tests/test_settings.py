@@ -52,3 +52,15 @@ def test_a_postgresql_password_given_as_a_query_parameter_is_never_printed(tmp_p
             safe_url("postgresql://agent:s3cret-pw@db.example/runs")]
     assert not [line for line in said if "s3cret" in line], said
     assert "db.example" in said[0] and "sslmode=require" in said[0]
+
+
+def test_a_model_folder_given_relative_to_here_is_made_absolute_even_where_it_looks_like_a_hub_id(tmp_path,
+                                                                                                  monkeypatch):
+    """Trials run from the agent's source root, so "models/tiny" must not be read there, nor fetched
+    from the Hub as the id models/tiny: the folder here wins, as its absolute path."""
+    from agent import cli, hub
+
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hub, "fetch", lambda *a, **k: (_ for _ in ()).throw(AssertionError("fetched from the Hub")))
+    assert cli._ready("models/tiny") == (str(tmp_path / "models" / "tiny"), None)
