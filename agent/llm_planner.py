@@ -11,6 +11,7 @@ API keys are read by litellm from the environment and never written anywhere by 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -145,6 +146,19 @@ def prompt(space: Space, history: list[Trial], facts: dict, k: int) -> str:
             f"{history_table(history)}\nPropose {k} new configs likely to raise tps_ratio without raising perplexity.")
 
 
+SECRET_NAMES = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)$", re.I)
+SECRET_IN_URL = re.compile(r"(?i)((?:api[_-]?key|key|token|secret|password|sig)=)[^&\s'\"]+|(//[^/\s:@]+:)[^@\s/]+(@)")
+
+
+def redact(text: str) -> str:
+    """A provider's error as it may be recorded: the values of this process's secret variables (an API key
+    the provider echoes back), credentials in URLs and key=... query parameters replaced by ***."""
+    for name, value in os.environ.items():
+        if SECRET_NAMES.search(name) and len(value) >= 8 and value in text:
+            text = text.replace(value, "***")
+    return SECRET_IN_URL.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(2)}***{m.group(3)}", text)
+
+
 class LLMPlanner:
     """Planner backed by litellm.completion (injectable for tests)."""
 
@@ -179,7 +193,7 @@ class LLMPlanner:
                 call.output_tokens = getattr(usage, "completion_tokens", None)
                 call.cost_usd = (getattr(reply, "_hidden_params", None) or {}).get("response_cost")
             except Exception as e:  # noqa: BLE001 - litellm maps every provider error to its own classes
-                call.error = f"{type(e).__name__}: {str(e)[:300]}"
+                call.error = redact(f"{type(e).__name__}: {e}")[:300]   # a provider may echo the key or URL
                 call.latency_s = round(time.monotonic() - started, 3)
                 self.record(call)
                 last_error = call.error

@@ -276,3 +276,23 @@ def test_a_thousand_fuzzed_replies_reach_argv_only_in_each_knobs_own_type(name, 
                 assert argv_value_is_the_knobs_own(knob, argv[argv.index(f"--{flag}") + 1]), (reply, argv)
         accepted += 1
     assert accepted > 100   # the fuzz reached the argv often, not only the parser's refusals
+
+
+def test_a_providers_error_is_recorded_without_the_key_or_url_credentials_it_echoes(monkeypatch):
+    """Providers put the request in their errors: the key the agent holds, a key= parameter, a URL's
+    user:password. planner_calls.error keeps the error, not those."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-0123456789abcdef")
+    calls = []
+
+    def failing(**kwargs):
+        raise RuntimeError("401 for https://bob:hunter22@llm.example/v1?api_key=sk-live-0123456789abcdef&x=1 "
+                           "with Authorization: Bearer sk-live-0123456789abcdef")
+
+    planner = LLMPlanner("openai/test", "https://llm.example/v1", completion=failing, record=calls.append,
+                         retries=1, sleep=lambda s: None)
+    with pytest.raises(PlannerUnavailable) as e:
+        planner.propose(SPACE, RUN, HISTORY, {"cpus": 2}, k=1)
+    (call,) = calls
+    for said in (call.error, str(e.value)):
+        assert "sk-live" not in said and "hunter22" not in said, said
+    assert "401 for https://bob:***@llm.example/v1?api_key=***&x=1" in call.error
