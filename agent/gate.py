@@ -237,11 +237,11 @@ class Baseline:
 
     @property
     def tps(self) -> float:
-        return math.exp(sum(math.log(x) for x in self.search) / len(self.search))
+        return geomean(self.search)
 
     @property
     def heldout_tps(self) -> float | None:
-        return math.exp(sum(math.log(x) for x in self.heldout) / len(self.heldout)) if self.heldout else None
+        return geomean(self.heldout) if self.heldout else None
 
     @property
     def groups(self) -> list:

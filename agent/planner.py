@@ -21,6 +21,7 @@ from typing import Protocol
 
 from agent.ledger import Run, Trial
 from agent.space import Space
+from sandbox.metrics import share_above
 
 
 @dataclass(frozen=True)
@@ -208,11 +209,8 @@ def front_end_busy(metrics: dict) -> str | None:
 
 
 def steps_above(metrics: dict, size: int) -> float | None:
-    """The share of the phase's engine steps with more tokens than size (bucket edges at or below it)."""
-    counts = {float(k): v for k, v in (metrics.get("step_tokens_buckets") or {}).items()}
-    edges = [e for e in counts if e <= size]
-    total = counts.get(float("inf"))
-    return round((total - counts[max(edges)]) / total, 4) if total and edges else None
+    """The share of the phase's engine steps with more tokens than size."""
+    return share_above(metrics.get("step_tokens_buckets"), size)
 
 
 def _slo_that_broke(history: list[Trial], facts: dict | None = None) -> tuple[str, dict] | None:

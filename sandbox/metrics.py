@@ -51,16 +51,13 @@ def buckets(values: dict[str, float], histogram: str) -> dict[float, float]:
     return {float(k[len(prefix):]): v for k, v in values.items() if k.startswith(prefix)}
 
 
-def share_above(before: dict[str, float], after: dict[str, float], histogram: str, bound: float) -> float | None:
-    """The share of a histogram's observations between two scrapes that were above bound (rounded
-    down to a bucket edge at or below it, so the share is never understated)."""
-    a, b = buckets(before, histogram), buckets(after, histogram)
-    total = b.get(math.inf, 0.0) - a.get(math.inf, 0.0)
-    edges = [e for e in b if e <= bound]
-    if total <= 0 or not edges:
-        return None
-    edge = max(edges)
-    return round((total - (b[edge] - a.get(edge, 0.0))) / total, 4)
+def share_above(counts: dict, bound: float) -> float | None:
+    """The share of a histogram's observations above bound, from its cumulative counts by upper bound
+    (keys as numbers or their strings, "inf" the total; a summary's step_tokens_buckets), rounded down
+    to the bucket edge at or below bound, so the share is never understated."""
+    counts = {float(k): v for k, v in (counts or {}).items()}
+    total, edges = counts.get(math.inf), [e for e in counts if e <= bound]
+    return round((total - counts[max(edges)]) / total, 4) if total and edges else None
 
 
 def _mean(before: dict[str, float], after: dict[str, float], histogram: str) -> float | None:

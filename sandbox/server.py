@@ -202,19 +202,30 @@ class Server:
             procs.update({p.pid: p for p in session_members(self.proc.pid, since=self.started - 1) if p.pid not in procs})
         return [p for p in procs.values() if _running(p)]
 
-    def api_cpu_seconds(self) -> float:
-        """CPU seconds so far of the processes that serve HTTP: the root (`vllm serve` runs its API
-        server there) and the APIServer_N processes `--api-server-count` starts (vLLM titles them
-        VLLM::APIServer_N); the engine core is not counted. A phase's difference over its length says
-        whether the front end holds one core busy (the planner's front-end trigger)."""
-        total = 0.0
+    def titles(self) -> dict[int, str]:
+        """Each live process of this server by pid, with its title (vLLM retitles its processes:
+        VLLM::EngineCore, and VLLM::APIServer_N for each of `--api-server-count`'s front ends)."""
+        out = {}
         for p in self._our_processes():
             try:
-                if (self.proc is not None and p.pid == self.proc.pid) or "APIServer" in " ".join(p.cmdline()[:1]):
-                    t = p.cpu_times()
-                    total += t.user + t.system
+                out[p.pid] = (" ".join(p.cmdline()[:1]) or p.name())[:80]
             except (psutil.Error, OSError):
                 continue
+        return out
+
+    def api_cpu_seconds(self) -> float:
+        """CPU seconds so far of the processes that serve HTTP: the root (`vllm serve` runs its API
+        server there) and the APIServer_N processes; the engine core is not counted. A phase's
+        difference over its length says whether the front end holds one core busy (the planner's
+        front-end trigger)."""
+        total = 0.0
+        for pid, title in self.titles().items():
+            if (self.proc is not None and pid == self.proc.pid) or "APIServer" in title:
+                try:
+                    t = psutil.Process(pid).cpu_times()
+                    total += t.user + t.system
+                except (psutil.Error, OSError):
+                    continue
         return total
 
     def stop(self, grace_s: float = 20.0) -> Cleanup:

@@ -9,20 +9,10 @@
 # ../shared/tools/gpu/on-device.sh, or `agent bundle` and `VENV=/opt/torch/.venv scripts/setup.sh --offline`).
 #     R=/tmp/res BLOCK_S=1300 LEVER_S=900 setsid nohup bash scripts/gpu_lever_block.sh > /tmp/res/block.log 2>&1 &
 set -u
-R=${R:-/tmp/res}
 BLOCK_S=${BLOCK_S:-1300}
 LEVER_S=${LEVER_S:-800}
 RAG_S=${RAG_S:-250}
-PY=${PY:-python3}
-mkdir -p "$R/raw"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
-began=$(date +%s)
-step() { echo "=== $(date -u +%T) (+$(( $(date +%s) - began )) s) $*" | tee -a "$R/steps.log"; }
-left() { echo $(( BLOCK_S - ($(date +%s) - began) )); }
-
-step "model prepare"
-$PY -m agent.cli model prepare > "$R/prepare.log" 2>&1 || { step "prepare failed"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.csv" 2>&1
+source "$(dirname "$0")/gpu_block_start.sh"   # $R, $PY, step, left; the model prepared
 
 step "levers of the embedded model on short completions (at most $LEVER_S s)"
 $PY scripts/lever_table.py run --shape serving-c32 --shape serving-c128 --instances 2 --budget-s "$LEVER_S" \

@@ -8,18 +8,8 @@
 # ../shared/tools/gpu/on-device.sh, or `agent bundle` and `VENV=/opt/torch/.venv scripts/setup.sh --offline`).
 #     R=/tmp/res BLOCK_S=1380 setsid nohup bash scripts/gpu_serving_block.sh > /tmp/res/block.log 2>&1 &
 set -u
-R=${R:-/tmp/res}
 BLOCK_S=${BLOCK_S:-1380}
-PY=${PY:-python3}
-mkdir -p "$R"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
-began=$(date +%s)
-step() { echo "=== $(date -u +%T) (+$(( $(date +%s) - began )) s) $*" | tee -a "$R/steps.log"; }
-left() { echo $(( BLOCK_S - ($(date +%s) - began) )); }
-
-step "model prepare"
-$PY -m agent.cli model prepare > "$R/prepare.log" 2>&1 || { step "prepare failed"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.csv" 2>&1
+source "$(dirname "$0")/gpu_block_start.sh"   # $R, $PY, step, left; the model prepared
 
 step "phase table: default (c32) then default-c128 on one server, 4 phases each"
 $PY scripts/phase_table.py run --workload default --workload default-c128 --phases 4 \

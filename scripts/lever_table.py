@@ -38,7 +38,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -124,17 +123,6 @@ def draws(workloads) -> dict[str, tuple[list, list]]:
     return out
 
 
-def process_titles(server: Server) -> list[str]:
-    """The server's processes by title (`--api-server-count N` adds N VLLM::APIServer_N processes)."""
-    titles = []
-    for p in server._our_processes():
-        try:
-            titles.append((" ".join(p.cmdline()[:1]) or p.name())[:80])
-        except (psutil.Error, OSError):
-            continue
-    return sorted(titles)
-
-
 def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: str) -> dict:
     started = time.monotonic()
     results, _ = asyncio.run(bench.run_requests(server.base_url, server.model_name, warm, w.concurrency, 600))
@@ -144,7 +132,7 @@ def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: st
     client = time.process_time()
     result, gauges = asyncio.run(worker._measure(server, w, phase, bench.bench_deadline_s(w)))
     client = time.process_time() - client   # this process: the meter's own client, one core at most
-    titles = process_titles(server)
+    titles = sorted(server.titles().values())
     server.fail_if_dead(w.name)
     text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
     (raw / f"{tag}.{w.name}.metrics.txt").write_text(text)
