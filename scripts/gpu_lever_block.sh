@@ -2,26 +2,26 @@
 # One block of GPU time for the lever table in docs/results.md, in priority order, each step's raw
 # output under $R (default /tmp/res): the embedded model's levers on serving-c32 and serving-c128
 # ($LEVER_S seconds at most; a config's first start compiles, about 100 s on an H100, later ones
-# about 55 s), the token budget on long prompts (rag-c32, $RAG_S), then the 8B-shaped stand-in with
-# dummy weights on fixed-length answers with what is left of $BLOCK_S. Each table stops early when
+# about 55 s; every instance serves serving-c32, serving-c128 and rag-c32 in turn), then the 8B-shaped
+# stand-in with dummy weights on fixed-length answers with what is left of $BLOCK_S. Each table stops early when
 # two instances of the defaults differ by more than 10% (the first H100 block's host: 1.7x).
 # Run from the project root on the GPU host once its packages are installed (a development tool:
 # ../shared/tools/gpu/on-device.sh, or `agent bundle` and `VENV=/opt/torch/.venv scripts/setup.sh --offline`).
-#     R=/tmp/res BLOCK_S=1300 LEVER_S=900 setsid nohup bash scripts/gpu_lever_block.sh > /tmp/res/block.log 2>&1 &
+#     R=/tmp/res setsid nohup bash scripts/gpu_lever_block.sh > /tmp/res/block.log 2>&1 &
 set -u
-BLOCK_S=${BLOCK_S:-1300}
-LEVER_S=${LEVER_S:-800}
-RAG_S=${RAG_S:-250}
+BLOCK_S=${BLOCK_S:-1400}
+LEVER_S=${LEVER_S:-1000}
 source "$(dirname "$0")/gpu_block_start.sh"   # $R, $PY, step, left; the model prepared
 
-step "levers of the embedded model on short completions (at most $LEVER_S s)"
-$PY scripts/lever_table.py run --shape serving-c32 --shape serving-c128 --instances 2 --budget-s "$LEVER_S" \
-    --max-defaults-spread 0.10 --out "$R/levers-gpu.jsonl" --raw "$R/raw" > "$R/levers.log" 2>&1 || step "lever table failed"
-
-step "the token budget on long prompts (at most $RAG_S s)"
-$PY scripts/lever_table.py run --shape rag-c32 --lever max-num-batched-tokens-2048 --lever max-num-batched-tokens-16384 \
-    --instances 2 --budget-s "$RAG_S" --max-defaults-spread 0.10 --out "$R/levers-rag.jsonl" --raw "$R/raw" \
-    > "$R/levers-rag.log" 2>&1 || step "rag table failed"
+step "levers of the embedded model on all three shapes (at most $LEVER_S s)"
+# The levers the first block did not reach (api-server-count-4 and stream-interval-8 were measured
+# there): two rounds of the known loser and the token budget against the defaults, then one instance
+# each of the rest (--also: intervals from the noise pooled over the others), then the widest row.
+$PY scripts/lever_table.py run --shape serving-c32 --shape serving-c128 --shape rag-c32 \
+    --lever max-num-seqs-8 --lever max-num-batched-tokens-2048 --instances 2 --also no-async-scheduling \
+    --also graphs-to-2048 --also max-num-batched-tokens-16384 --budget-s "$LEVER_S" \
+    --max-defaults-spread 0.10 --out "$R/levers-gpu.jsonl" --raw "$R/raw" > "$R/levers.log" 2>&1 \
+    || step "lever table failed"
 
 step "the 8B-shaped stand-in, dummy weights ($(left) s left)"
 $PY scripts/make_standin.py > "$R/standin.log" 2>&1 || step "stand-in failed"
@@ -29,7 +29,7 @@ budget=$(( $(left) - 30 ))
 if [ "$budget" -ge 150 ]; then
   $PY scripts/lever_table.py run --model runs/models/standin-8b --extra-flag=--load-format --extra-flag=dummy \
       --shape fixed-c32 --shape fixed-c128 --lever kv-cache-fp8 --lever max-num-seqs-64 --lever graphs-to-32 \
-      --instances 2 --budget-s "$budget" --out "$R/levers-standin.jsonl" --raw "$R/raw" >> "$R/standin.log" 2>&1 \
+      --instances 1 --budget-s "$budget" --out "$R/levers-standin.jsonl" --raw "$R/raw" >> "$R/standin.log" 2>&1 \
       || step "stand-in table failed"
 else
   step "stand-in skipped: $(left) s left"

@@ -23,14 +23,15 @@ def test_levers_take_turns_and_a_batch_limit_below_the_concurrency_loses(tmp_pat
     monkeypatch.setitem(lever_table.SHAPES, "tiny-c8", lever_table.Shape("tiny-c8", "default", 8, 64, 16))
     monkeypatch.setitem(lever_table.LEVERS, "max-num-seqs-2", ["--max-num-seqs", "2"])
     monkeypatch.setitem(lever_table.LEVERS, "refused", ["--max-num-seqs", "-1"])
+    monkeypatch.setitem(lever_table.LEVERS, "max-num-seqs-4", ["--max-num-seqs", "4"])
     out = tmp_path / "levers.jsonl"
     assert lever_table.main(["run", "--shape", "tiny-c8", "--lever", "max-num-seqs-2", "--lever", "refused",
-                             "--instances", "2", "--bar", "100", "--budget-s", "3600", "--launcher", str(FAKE), "--model", str(embedded_model),
+                             "--instances", "2", "--also", "max-num-seqs-4", "--bar", "100", "--budget-s", "3600", "--launcher", str(FAKE), "--model", str(embedded_model),
                              "--space", str(ROOT / "search_space" / "vllm-cpu.yaml"),
                              "--out", str(out), "--raw", str(tmp_path / "raw")]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["lever"] for r in rows] == ["defaults", "max-num-seqs-2", "refused"] * 2
-    assert [r["instance"] for r in rows] == list(range(6))
+    assert [r["lever"] for r in rows] == ["defaults", "max-num-seqs-2", "refused"] * 2 + ["max-num-seqs-4"]
+    assert [r["instance"] for r in rows] == list(range(7))
     measured = [r for r in rows if r["lever"] != "refused"]
     assert all(r["errors"] == 0 and r["requests"] == 64 and r["tps"] > 0 for r in measured)
     assert all(r["failure"] == "invalid_config" for r in rows if r["lever"] == "refused")
@@ -40,6 +41,8 @@ def test_levers_take_turns_and_a_batch_limit_below_the_concurrency_loses(tmp_pat
     assert len({r["output_tokens"] for r in measured}) == 1
     loser = lever_table.comparisons(rows)[(rows[0]["run"], "tiny-c8", "max-num-seqs-2")]
     assert loser.high < 1 and loser.ratio < 0.5   # 2 slots of 8: about a quarter the speed
+    once = lever_table.comparisons(rows)[(rows[0]["run"], "tiny-c8", "max-num-seqs-4")]   # --also: one instance,
+    assert once.high < 1 and loser.ratio < once.ratio                                    # the pooled noise
     text = lever_table.table([out])
     assert "| max-num-seqs-2 | 2 |" in text and f"{loser.ratio:.3f} [{loser.low:.3f}, {loser.high:.3f}]" in text
     assert "| refused | failed to start | invalid_config" in text
