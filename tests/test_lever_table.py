@@ -61,8 +61,10 @@ def test_the_next_instance_goes_to_the_widest_row_or_to_the_defaults_when_they_h
 
 
 def test_the_spread_between_instances_of_the_defaults_is_read_per_shape():
-    rows = [{"lever": "defaults", "shape": "a", "tps": 100.0}, {"lever": "defaults", "shape": "b", "tps": 50.0},
-            {"lever": "x", "shape": "a", "tps": 300.0}]
-    assert lever_table.defaults_spread(rows) is None   # one instance a shape: nothing to compare
-    rows.append({"lever": "defaults", "shape": "a", "tps": 170.0})
+    cold = [{"lever": "defaults", "instance": 0, "shape": "a", "tps": 60.0}]   # the run's first: left out
+    rows = cold + [{"lever": "defaults", "instance": 1, "shape": "a", "tps": 100.0},
+                   {"lever": "defaults", "instance": 1, "shape": "b", "tps": 50.0},
+                   {"lever": "x", "instance": 2, "shape": "a", "tps": 300.0}]
+    assert lever_table.defaults_spread(rows) is None   # one warm instance a shape: nothing to compare
+    rows.append({"lever": "defaults", "instance": 3, "shape": "a", "tps": 170.0})
     assert abs(lever_table.defaults_spread(rows) - 0.7) < 1e-9   # the H100 host of 2026-12-06 read 1.7x

@@ -268,16 +268,17 @@ def test_long_prompts_that_break_the_inter_token_slo_alone_halve_the_token_budge
 
 def test_the_levers_withheld_won_nowhere_in_the_committed_table():
     """WON_NOWHERE is the lever table's verdict: each of its levers, on every shape it was measured on,
-    has an interval that does not lie above 1 (scripts/lever_table.py on the committed raw rows)."""
+    has an interval that does not lie above 1 (scripts/lever_table.py on every committed table's raw rows)."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
     import lever_table
 
-    rows = [json.loads(line) for name in ("levers-first.jsonl", "levers-frontend.jsonl")
-            for line in (GPU_DATA / name).read_text().splitlines()]
+    tables = sorted((Path(__file__).parents[1] / "docs" / "data" / "levers").glob("*/levers-*.jsonl"))
+    assert len(tables) >= 6   # both H100 blocks of 2026-12-06
+    rows = [json.loads(line) for path in tables for line in path.read_text().splitlines()]
     named = {"api-server-count": "api-server-count-4", "stream-interval": "stream-interval-8"}
     assert set(named) == set(WON_NOWHERE)
     comps = lever_table.comparisons(rows)
     for knob, lever in named.items():
         measured = {shape: c for (run, shape, lv), c in comps.items() if lv == lever}
-        assert set(measured) == {"serving-c32", "serving-c128"}
+        assert {"serving-c32", "serving-c128"} <= set(measured)
         assert all(c.low <= 1 for c in measured.values()), (knob, measured)
