@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import git
+
 from agent import budget, clock, gate, gitops, proposal
 from agent.context import RunContext, Seams
-from agent.defaults import goodput_start
+from agent.defaults import CANDIDATES, goodput_start
 from agent.gate import Baseline, GateSettings, MeasureFailed
 from agent.ledger import Trial
 from agent.recording import finish, measure, record
 from agent.stats import compare
+from sandbox import result as results
 from sandbox.result import TrialResult
 
 
@@ -23,6 +28,14 @@ def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, h
                      quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None,
                      **({"goodput_start": start} if start else {}))
     row = record(ledger, row, result)
+    judge(ctx, seams, row, result, base, history, coordinator)
+
+
+def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: Baseline, history: list[Trial],
+          coordinator: bool = True) -> None:
+    """A recorded candidate through the gate and on to its decision (after a crash between the two
+    writes, from the result its worker wrote: judge_again)."""
+    settings, ledger = ctx.settings, seams.ledger
     if result.status == "pruned" or result.quality_skipped:
         cut_short(seams, row, result, base)
         return
@@ -41,6 +54,36 @@ def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, h
     if result.ok and verdict.passed:
         decide_passed(ctx, seams, row, base, history, coordinator)
     seams.say("result", number=row.number, row=row)
+
+
+def unjudged(history: list[Trial]) -> list[Trial]:
+    """Candidates measured and recorded but never gated: a crash between the two writes (window 1 of
+    docs/RELIABILITY.md). Every candidate the gate saw has a decision."""
+    return [t for t in history if t.source in CANDIDATES and t.status in ("ok", "pruned") and t.decision is None]
+
+
+def unbranched(history: list[Trial]) -> list[Trial]:
+    """Accepted but with no branch: a crash, or a git error, between the decision and the commit (window 2)."""
+    return [t for t in history if t.decision == "accepted" and not t.branch]
+
+
+def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> Trial:
+    """Window 1 after the resume: the candidate judged from the result its worker wrote, as the cut run
+    would have; with that file gone it counts as cut in flight, and is measured again (loop.cut_once)."""
+    path = Path(row.log_path or "").parent / "result.json"
+    try:
+        result = results.read(path) if row.log_path else None
+    except (OSError, results.ResultError) as e:
+        result, why = None, f"{path}: {e}"
+    else:
+        why = "no trial folder recorded"
+    if result is None:
+        return finish(seams.ledger, row, status="interrupted", failure_class="interrupted", gate_passed=None,
+                      failure_message=f"cut between its measurement and its gate, and its result cannot be "
+                                      f"read ({why}): measured again")
+    seams.say("phase", number=row.number, phase="judged from its recorded result after a crash cut its gate")
+    judge(ctx, seams, row, result, base, history)
+    return row
 
 
 def put_forward(history: list[Trial]) -> Trial | None:
@@ -201,8 +244,10 @@ def branch(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: l
     try:
         commit = gitops.commit_branch(seams.repo, name, proposal.files(ctx.run, row), proposal.message(ctx.run, row))
         ledger.update(row, branch=name, commit=commit)
-    except gitops.RepoError as e:
+    except (gitops.RepoError, git.GitError, OSError) as e:
+        # Stays accepted with no branch: `agent doctor` names it and the resume commits it (loop.settle).
         ledger.update(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])
+        seams.say("phase", number=row.number, phase=f"accepted, but its branch was not committed: {e}")
 
 
 def slower_than_branched(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:

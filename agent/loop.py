@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 
 from agent import budget, clock, crew, study as studies
 from agent.context import RunContext, Seams
-from agent.decision import decide_put_forward, judge_candidate, put_forward
+from agent.decision import (branch, decide_put_forward, judge_again, judge_candidate, put_forward, unbranched,
+                            unjudged)
 from agent.defaults import (CANDIDATES, DEFAULTS_SOURCES, baseline_from, check_drift, drift_due, engine_defaults,
                             measure_baseline, run_defaults)
 from agent.gate import Baseline
@@ -66,6 +67,7 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
     measure_baseline(ctx, seams)
     ctx = replace(ctx, refusal_check=refusal_check(ctx, seams))
     study = studies.open(ctx.run.id, storage, settings.seed, settings.sampler)
+    settle(ctx, seams, study)
     sampler_space = narrowed(ctx.space, ledger.narrowings(ctx.run.id))
     # One-knob changes stand in for TPE's random start-up points, as many as it would draw: more of them
     # delayed the best config on the simulated engine (docs/results.md, the search benchmark).
@@ -173,6 +175,22 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
     if row.failure_class == "unclean_teardown":
         raise DirtyMachine(f"trial {row.number} left the machine dirty: {row.failure_message}")
     return True
+
+
+def settle(ctx: RunContext, seams: Seams, study: studies.Study) -> None:
+    """After a crash (recovery.repair names them): a candidate measured but never gated is judged from
+    its worker's result and told to Optuna, and an accepted one with no branch is branched."""
+    ledger, running = seams.ledger, {ft.number for ft in studies.running(study)}
+    now = Snapshot.read(ctx, ledger)
+    for row in unjudged(ledger.trials(ctx.run.id)):
+        row = judge_again(ctx, seams, row, now.base, now.history)
+        if row.optuna_number in running and row.status == "interrupted":
+            studies.fail(study, row.optuna_number)
+        elif row.optuna_number in running:
+            studies.tell_row(study, row.optuna_number, row)
+    now = Snapshot.read(ctx, ledger)
+    for row in unbranched(ledger.trials(ctx.run.id)):
+        branch(ctx, seams, row, now.base, now.history)
 
 
 def wait_for(ledger: Ledger, run: Run, ready: Callable[[Run], object], say: Callable, what: str):

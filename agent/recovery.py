@@ -8,7 +8,9 @@ tell), so a crash at any point leaves one of a few known states, each repaired h
   resumed coordinator decides it again (a crash costs no candidate);
 - a branch created just before the crash whose row does not name it yet: the row is completed
   from the commit's trailers (Agent-Run, Agent-Trial), since only the gate creates branches;
-- a ref lock git left under our own prefix: removed (we hold the run lock, so it is stale).
+- a ref lock git left under our own prefix: removed (we hold the run lock, so it is stale);
+- a candidate measured but not gated, or accepted but not branched: named here, left for the
+  resumed loop, which judges or branches it (agent.loop.settle).
 `problems` is the read-only check behind `agent doctor`.
 """
 
@@ -25,7 +27,7 @@ import socket
 import git
 import psutil
 
-from agent import crew, gitops, study as studies
+from agent import crew, decision, gitops, study as studies
 from agent.engine import reap, trial_processes
 from agent.ledger import Ledger, Run, Worker, utcnow
 
@@ -117,15 +119,22 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
                 *(t.gate_reasons or []), "interrupted during its held-out decision: decided again after the resume"])
             done.append(f"trial {t.number}: stopped during its held-out decision, put forward to be decided again")
     trials = ledger.trials(run.id)
+    # Measured but never gated (window 1): the resumed loop judges it from its worker's result and
+    # tells Optuna then (loop.settle); told now, it would be a 0.0 with an infeasible constraint.
+    later = {t.optuna_number for t in decision.unjudged(trials) if t.worker_id not in going}
+    done += [f"trial {t.number}: measured but not judged at the crash: judged from its recorded result "
+             f"after the resume" for t in decision.unjudged(trials) if t.worker_id not in going]
+    done += [f"trial {t.number}: accepted but not branched at the crash: branched after the resume"
+             for t in decision.unbranched(trials)]
     finished = {t.optuna_number: t for t in trials
-                if t.optuna_number is not None and t.status in crew.FINISHED}
+                if t.optuna_number is not None and t.status in crew.FINISHED and t.optuna_number not in later}
     # A live worker on another host still measures these: their Optuna trials are its to tell.
     theirs = {t.optuna_number for t in trials if t.status == "running" and t.worker_id in going}
     # The constraint Optuna records is the one the loop computed and stored in the ledger.
     study = studies.recorded(run.id, storage, list(finished.values()))
     if study is not None:
         for ft in studies.running(study):
-            if ft.number in theirs:
+            if ft.number in theirs or ft.number in later:
                 continue
             row = finished.get(ft.number)
             if row is None:
@@ -188,6 +197,12 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
     rows = {t.number: t for t in trials}
     out += [f"branch {gitops.PREFIX}{run.id}/{n}: no ledger row names it" for n in branches
             if n not in rows or rows[n].branch is None]
+    home = (run.settings or {}).get("home")
+    if run.status != "running" or not (home and lock_holder(Path(home))):   # no agent run is deciding them now
+        out += [f"trial {t.number}: measured ({t.status}) but never judged by the gate: `agent run --resume "
+                f"{run.id}` judges it from its recorded result" for t in decision.unjudged(trials)]
+        out += [f"trial {t.number}: accepted but no branch was committed: `agent run --resume {run.id}` "
+                f"commits it" for t in decision.unbranched(trials)]
     return out + worker_problems(ledger, run, trials)
 
 

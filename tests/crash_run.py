@@ -10,6 +10,8 @@ after appending WINDOW to HOME/kills.txt (so a test knows which window each kill
   baseline      inside an instance of the defaults (before the A/A)
   candidate     inside a candidate trial's measurement on the search prompts
   heldout       inside a held-out instance of a candidate's decision
+  judge         after a candidate's result is recorded, before the gate's verdict is (window 1)
+  accepted      after a candidate is recorded as accepted, before its branch is committed (window 2)
   branch        after a branch is committed, before its ledger row names it
   tell          after a candidate's ledger row is finished, before Optuna is told
 
@@ -26,14 +28,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import gitops, recovery, space as spaces, study as studies  # noqa: E402
+from agent import decision, gitops, recovery, space as spaces, study as studies  # noqa: E402
+from agent.defaults import CANDIDATES  # noqa: E402
 from agent.ledger import Ledger, Run  # noqa: E402
 from agent.context import RunContext, Seams, Settings  # noqa: E402
 from agent.loop import run_search  # noqa: E402
 from fake_engine import FakeEngine  # noqa: E402
 
 
-WINDOWS = ("baseline", "candidate", "heldout", "branch", "tell")
+WINDOWS = ("baseline", "candidate", "heldout", "judge", "accepted", "branch", "tell")
 
 
 def kill_at(home: Path, run_id: str, ledger: Ledger, engine: FakeEngine) -> None:
@@ -64,9 +67,19 @@ def kill_at(home: Path, run_id: str, ledger: Ledger, engine: FakeEngine) -> None
         return evaluate(spec, trial_dir, timeout_s, on_phase)
 
     engine.evaluate = evaluating
+    recorded = decision.record
+
+    def recording(ledger_, row, result):
+        row = recorded(ledger_, row, result)
+        if row.source in CANDIDATES:
+            maybe_die("judge")
+        return row
+
+    decision.record = recording
     propose = gitops.commit_branch
 
     def proposing(*args, **kwargs):
+        maybe_die("accepted")
         sha = propose(*args, **kwargs)
         maybe_die("branch")
         return sha

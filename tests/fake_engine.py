@@ -8,6 +8,7 @@ sandbox.preflight does, so the loop's tests run with it on, as `agent run` does.
 
 import time
 
+from sandbox import result as results
 from sandbox.result import Failure, Figures, Quality, TrialResult
 from sandbox.workload import load_workload
 
@@ -56,6 +57,11 @@ class FakeEngine:
                 **w.summary()}
 
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        result = self._evaluate(spec, trial_dir, on_phase)
+        results.write(trial_dir / "result.json", result)   # as the worker does (agent.decision.judge_again reads it)
+        return result
+
+    def _evaluate(self, spec, trial_dir, on_phase):
         self.calls += 1
         self.specs.append(spec)
         time.sleep(self.delay_s)

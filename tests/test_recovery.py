@@ -19,7 +19,7 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from agent import gitops, recovery
+from agent import gitops, recovery, study as studies
 from agent.ledger import Ledger, Run, Trial, Worker
 from sandbox.result import failed
 
@@ -38,19 +38,23 @@ def start(home, run_id, seconds, kill_at=None):
 REPAIRED = {"baseline": "in flight at the crash, recorded as interrupted",
             "candidate": "in flight at the crash, recorded as interrupted",
             "heldout": "stopped during its held-out decision, put forward to be decided again",
+            "judge": "measured but not judged at the crash: judged from its recorded result after the resume",
+            "accepted": "accepted but not branched at the crash: branched after the resume",
             "branch": "branch created just before the crash, recorded in the ledger",
             "tell": "told its result"}
 
 
 @pytest.mark.parametrize("seed", [1])   # 2 passed as well (46 s each); one holds CI's time
 def test_sigkill_in_every_window_of_a_seeded_schedule_then_resume_ends_on_the_deadline_consistent(tmp_path, seed):
-    """Five SIGKILLs, one in each named window, in an order and at occurrences drawn from the seed
-    (the defaults first: they are measured once; a branch second: later candidates may all be
-    dominated), each resumed by the same command; the last process runs to the deadline."""
+    """Seven SIGKILLs, one in each named window, in an order and at occurrences drawn from the seed
+    (the defaults first: they are measured once; the first acceptance and its branch next: later
+    candidates may all be dominated), each resumed by the same command; the last process runs to
+    the deadline."""
     rng = random.Random(seed)
-    later = ["candidate", "heldout", "tell"]
+    later = ["candidate", "heldout", "tell", "judge"]
     rng.shuffle(later)
-    schedule = [("baseline", rng.randint(1, 2)), ("branch", 1), *((w, rng.randint(1, 3)) for w in later)]
+    schedule = [("baseline", rng.randint(1, 2)), ("accepted", 1), ("branch", 1),
+                *((w, rng.randint(1, 3)) for w in later)]
     outputs = []
     for window, k in [*schedule, (None, 0)]:   # the last process resumes and runs to the deadline
         proc = start(tmp_path, "crash", 60, kill_at=f"{window}:{k}" if window else None)
@@ -88,6 +92,67 @@ def test_sigkill_in_every_window_of_a_seeded_schedule_then_resume_ends_on_the_de
     said = outputs[1 + [w for w, _ in schedule].index("heldout")]
     number = int(re.search(r"trial (\d+): stopped during its held-out decision", said).group(1))
     assert trials[number].decision in ("accepted", "refused", "dominated"), trials[number].decision
+    # Window 1: the candidate cut between its record and its gate was judged from its result, not lost.
+    said = outputs[1 + [w for w, _ in schedule].index("judge")]
+    number = int(re.search(r"trial (\d+): measured but not judged at the crash", said).group(1))
+    assert trials[number].status in ("ok", "pruned") and trials[number].decision is not None
+    assert trials[number].decision != "failed" and trials[number].constraint is not None
+    # Window 2: the candidate accepted just before the kill has its branch.
+    said = outputs[1 + [w for w, _ in schedule].index("accepted")]
+    number = int(re.search(r"trial (\d+): accepted but not branched at the crash", said).group(1))
+    assert trials[number].decision == "accepted" and trials[number].branch == f"agent/crash/{number}"
+
+
+def test_a_candidate_cut_between_its_record_and_its_gate_gets_the_decision_an_uncut_run_gives_it(tmp_path):
+    """Window 1: SIGKILLed after its figures were recorded and before the gate's verdict was, the first
+    candidate is judged on resume from the result its worker wrote, and reaches the decision (and the
+    Optuna value) the same seed's uncut run reaches for it; before, it stayed `ok` with no decision and
+    Optuna was told 0.0, infeasible."""
+    cut_home, whole_home = tmp_path / "cut", tmp_path / "whole"
+    whole = start(whole_home, "r", 40)
+    cut = start(cut_home, "r", 40, kill_at="judge:1")
+    try:
+        cut_out, _ = cut.communicate(timeout=180)
+        assert cut.returncode == -signal.SIGKILL, cut_out[-2000:]
+        resumed = start(cut_home, "r", 40)
+        resumed_out, _ = resumed.communicate(timeout=180)
+        whole_out, _ = whole.communicate(timeout=180)
+    finally:
+        for p in (whole, cut):
+            p.kill()
+            p.wait()
+    assert resumed.returncode == 0 and whole.returncode == 0, (resumed_out[-2000:], whole_out[-2000:])
+    number = int(re.search(r"trial (\d+): measured but not judged at the crash", resumed_out).group(1))
+    mine = Ledger(cut_home / "ledger.sqlite").trials("r")[number]
+    theirs = Ledger(whole_home / "ledger.sqlite").trials("r")[number]
+    assert mine.params == theirs.params and mine.tps == theirs.tps
+    assert (mine.decision, mine.gate_passed, mine.tps_ratio, mine.constraint) == \
+        (theirs.decision, theirs.gate_passed, theirs.tps_ratio, theirs.constraint)
+    told = {ft.number: ft for ft in optuna.load_study(study_name="r", storage=f"sqlite:///{cut_home / 'optuna.sqlite'}")
+            .get_trials()}[mine.optuna_number]
+    value = told.value if told.value is not None else told.intermediate_values[0]   # PRUNED: its partial ratio
+    assert told.state.name in ("COMPLETE", "PRUNED") and value == pytest.approx(studies.told(mine)[0])
+    assert told.user_attrs["constraint"] == [mine.constraint]
+
+
+def test_a_candidate_cut_before_its_gate_whose_result_is_gone_is_measured_again(tmp_path):
+    """Window 1 with the worker's result.json removed: the candidate counts as cut in flight (interrupted,
+    its Optuna trial FAIL) and the same point is measured again, not judged from nothing."""
+    proc = start(tmp_path, "g", 25, kill_at="judge:1")
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == -signal.SIGKILL, out[-2000:]
+    cut = next(t for t in Ledger(tmp_path / "ledger.sqlite").trials("g") if t.source in ("planner", "sampler"))
+    (Path(cut.log_path).parent / "result.json").unlink()
+    proc = start(tmp_path, "g", 25)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out[-2000:]
+    trials = Ledger(tmp_path / "ledger.sqlite").trials("g")
+    row = trials[cut.number]
+    assert row.status == "interrupted" and "its result cannot be read" in row.failure_message, row.failure_message
+    again = [t for t in trials if t.number > cut.number and t.params == cut.params]
+    assert again and again[0].status in ("ok", "pruned") and again[0].decision is not None
+    study = optuna.load_study(study_name="g", storage=f"sqlite:///{tmp_path / 'optuna.sqlite'}")
+    assert {ft.number: ft.state.name for ft in study.get_trials()}[cut.optuna_number] == "FAIL"
 
 
 def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
