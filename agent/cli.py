@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import hashlib
 import shutil
 import signal
 import sys
@@ -350,6 +351,12 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
         tokens = None
         console.print(f"note: {e}: request lengths are not checked here and the space's max-model-len is served",
                       highlight=False)
+    # The run's own copies of the user's template and perplexity text, as of the traffic: every trial and
+    # the branch read these, so an edit to the user's file in the night changes nothing measured.
+    if chat_template:
+        chat_template = _keep(chat_template, home / run_id / "inputs")
+    if quality_text:
+        quality_set = load_quality(quality, str(_keep(quality_text, home / run_id / "inputs")))
     try:
         if chat_template and not traffic:   # a chat workload served with the user's template
             meter = replace(meter, chat_template=str(chat_template.resolve()))
@@ -387,6 +394,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
         space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
         repo=str(proposals.working_dir),
         settings={**stored(used), "budget_s": budget_s, "budget": budget_text, "max_model_len": context,
+                  "quality_text_hash": _digest(quality_set.text_path) if quality_text else None,
                   "traffic": meter.summary(), "traffic_source": source.summary() if traffic else None,
                   "model_given": model_given, "storage": where().kind, "choices": _choices(space),
                   "planner": planner or "builtin", "draft_models": draft_model or [],
@@ -476,6 +484,36 @@ def _choices(space: spaces.Space) -> dict[str, list]:
     return {n: [str(c) for c in k.choices] for n, k in space.knobs.items() if k.choices}
 
 
+def _keep(path: Path, folder: Path) -> Path:
+    """The run's copy of a file the user gave (a chat template, a perplexity text)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / path.name
+    shutil.copyfile(path, copy)
+    return copy.resolve()
+
+
+def _digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def _inputs_changed(row: ledgers.Run) -> str | None:
+    """What of the run's own inputs (its traffic copy, chat template, perplexity text) is no longer what
+    it measured with, or None."""
+    from sandbox.workload import load_workload
+
+    settings = settings_of(row)
+    if not isinstance(settings.workload, dict):   # a run written before 2026-12-03: its workload by name
+        return None
+    try:
+        if load_workload(settings.workload).hash != row.workload_hash:
+            return f"its traffic or chat template ({settings.workload.get('traffic') or settings.workload.get('chat_template')})"
+        if row.settings.get("quality_text_hash") and _digest(settings.quality_text) != row.settings["quality_text_hash"]:
+            return f"its perplexity text ({settings.quality_text})"
+    except (OSError, ValueError) as e:
+        return f"a file it reads ({e})"
+    return None
+
+
 def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     """The interrupted run, repaired: what was in flight is recorded, the study and git agree with the ledger."""
     row = ledger.run(run_id)
@@ -490,6 +528,9 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
                    max_model_len=row.settings.get("max_model_len"))
     if space.hash != row.space_hash:
         raise fail(f"--resume: {row.space_path} changed since run {run_id} started; a resumed run keeps its space")
+    if changed := _inputs_changed(row):
+        raise fail(f"--resume: {changed} changed since run {run_id} started; a resumed run measures what it "
+                   f"started with")
     repo = gitops.open_repo(Path(row.repo))
     for line in recovery.repair(ledger, row, _storage(), repo):
         console.print(f"  repaired: {line}", highlight=False)
@@ -586,6 +627,10 @@ def _search(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
                    f"finds nothing left: agent run --resume {row.id}", 1) from None
     except OperationalError as e:  # the database's transactions leave it consistent; only this run stops
         raise ledger_gone(ledger, row.id, e) from None
+    except OSError as e:   # a disk full under the run's folder (events.jsonl, a trial's files): stopped, resumable
+        _close_interrupted(ledger, row.id, "stopped")
+        raise fail(f"run {row.id} stopped: {e}; the trial in flight was ended and recorded. Free the space, "
+                   f"then: agent run --resume {row.id}", 1) from None
     except (GitCommandError, studies.StorageError) as e:
         # A branch not written, or the study not told: the ledger row of the trial in flight says what
         # was measured; a resume repairs the study from the ledger and re-proposes what is missing.
@@ -620,9 +665,11 @@ def _take_part(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, eng
     """The coordinator's part (home None: the run's own), or a worker's on this host's home."""
     settings, space = _settings(row, home=home)
     engine = make_engine(engine_slot)
+    engine.allow(space.allowed())   # what a trial may set: the run's space, checked again by the worker
     me = crew.join(ledger, row, slot, "worker" if home else "coordinator")
     events = home / row.id / f"events-worker-{me.id}.jsonl" if home else Path(row.settings["home"]) / row.id / "events.jsonl"
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    signal.signal(signal.SIGHUP, _hung_up)
     repo = None if home else gitops.open_repo(Path(row.repo))
     return Part(RunContext(row, settings, space, worker_id=me.id), Seams(ledger, engine, repo, event_logger(events, console)), me)
 
@@ -741,6 +788,13 @@ def _stop_like_ctrl_c(signum, frame) -> None:
     raise KeyboardInterrupt  # SIGTERM ends the trial in flight and stops cleanly, as Ctrl-C does
 
 
+def _hung_up(signum, frame) -> None:
+    """SIGHUP (the SSH session dropped): stop as SIGTERM does, and write nothing more to the terminal
+    that is gone (a write there would raise EIO or EPIPE half-way through the stop)."""
+    console.file = open(os.devnull, "w")
+    raise KeyboardInterrupt
+
+
 def _close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None:
     run_row = ledger.run(run_id)
     recovery.repair(ledger, run_row, _storage(), gitops.open_repo(Path(run_row.repo)) if run_row.repo else None)
@@ -784,7 +838,11 @@ def verify(
         raise fail(f"{branch!r} is not a branch agent/<run-id>/<trial> of a run in the ledger")
     try:
         repo = gitops.open_repo(Path(run_row.repo))
-        r = run_verify(ledger, repo, branch, WorkerEngine(), paths.home() / run_row.id / "verify",
+        engine = WorkerEngine()
+        # A branch's flags are data: the worker serves only what the run's space allows.
+        engine.allow(_space(run_row.space_path, run_row.settings.get("draft_models") or [],
+                            max_model_len=run_row.settings.get("max_model_len")).allowed())
+        r = run_verify(ledger, repo, branch, engine, paths.home() / run_row.id / "verify",
                        Rounds(rounds, tolerance, split), say=lambda m: console.print(m, highlight=False))
     except (VerifyError, gitops.RepoError) as e:
         raise fail(str(e), 1) from None

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from sandbox import result as results
+from sandbox import allowed, result as results
 from sandbox.server import session_members
 from sandbox.result import TrialResult
 
@@ -43,6 +43,7 @@ class WorkerEngine:
     def __init__(self, slot=None):
         self._preflight: Preflight | None = None
         self.slot = slot
+        self.rules: dict | None = None   # the run's allow-list (allow); None: the spec's own checks only
 
     def preflight(self, model: str, flags: dict, env: dict) -> dict | None:
         """vLLM's verdict on a point's config without a start (see sandbox.preflight); None: no verdict."""
@@ -75,6 +76,10 @@ class WorkerEngine:
         spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
         argv = [sys.executable, "-m", "sandbox.worker", str(spec_path), "--out", str(out),
                 "--progress", str(progress), "--log", str(trial_dir / "server.log")]
+        if self.rules is not None:   # the run's space, not the spec, says what the trial may set
+            text = json.dumps(self._rules_on_device(), sort_keys=True)
+            (trial_dir / "allowed.json").write_text(text)
+            argv += ["--allowed", str(trial_dir / "allowed.json"), "--allowed-sha", allowed.digest(text)]
         with open(trial_dir / "worker.log", "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**worker_env(), **(self.slot.env if self.slot else {})},
@@ -91,8 +96,8 @@ class WorkerEngine:
                     phase = current
                     on_phase(phase)
                 time.sleep(0.5)
-        except KeyboardInterrupt as e:
-            interrupted = e
+        except BaseException as e:   # Ctrl-C, SIGTERM or SIGHUP, or a phase callback's own error (a full
+            interrupted = e          # disk under events.jsonl): the worker and its server end with the trial
             self._stop(proc, progress)
         try:
             result = results.read(out)
@@ -107,6 +112,21 @@ class WorkerEngine:
         if self.slot is not None:
             result.device = self.slot.device
         return result
+
+    def allow(self, rules: dict) -> None:
+        """The run's allow-list (agent.space.Space.allowed): every later trial's worker checks its spec
+        against it."""
+        self.rules = rules
+
+    def _rules_on_device(self) -> dict:
+        """The allow-list with this worker's own core span among the thread-binding choices (_on_device)."""
+        bind = self.rules["env"].get("VLLM_CPU_OMP_THREADS_BIND")
+        if self.slot is None or not self.slot.cores or not bind or "choices" not in bind:
+            return self.rules
+        from agent.devices import span
+
+        return {**self.rules, "env": {**self.rules["env"], "VLLM_CPU_OMP_THREADS_BIND": {
+            "choices": [*bind["choices"], span(self.slot.cores)]}}}
 
     def _on_device(self, spec: dict) -> dict:
         """A point that binds vLLM's threads to every core means this worker's cores, on a shared host."""

@@ -128,7 +128,10 @@ def event_logger(path: Path, console: Console) -> Callable[..., None]:
             return
         line = _line(event, info)
         if line:
-            console.print(line, highlight=False)
+            try:
+                console.print(line, highlight=False)
+            except OSError:   # the terminal is gone (a dropped SSH session): events.jsonl still has it
+                pass
 
     say.close = live.close if live is not None else (lambda: None)
     return say

@@ -124,8 +124,6 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
     later = {t.optuna_number for t in decision.unjudged(trials) if t.worker_id not in going}
     done += [f"trial {t.number}: measured but not judged at the crash: judged from its recorded result "
              f"after the resume" for t in decision.unjudged(trials) if t.worker_id not in going]
-    done += [f"trial {t.number}: accepted but not branched at the crash: branched after the resume"
-             for t in decision.unbranched(trials)]
     finished = {t.optuna_number: t for t in trials
                 if t.optuna_number is not None and t.status in crew.FINISHED and t.optuna_number not in later}
     # A live worker on another host still measures these: their Optuna trials are its to tell.
@@ -155,6 +153,8 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
             if row is not None and row.branch is None and f"Agent-Trial: {number}" in repo.commit(sha).message:
                 ledger.update(row, branch=f"{gitops.PREFIX}{run.id}/{number}", commit=sha)
                 done.append(f"trial {number}: branch created just before the crash, recorded in the ledger")
+    done += [f"trial {t.number}: accepted but not branched at the crash: branched after the resume"
+             for t in decision.unbranched(ledger.trials(run.id))]
     return done
 
 

@@ -217,6 +217,38 @@ class Space:
         """Whether every knob point changes from the engine's defaults is one the space calls lossless."""
         return all(self.knobs[name].lossless for name in self.changed(point, defaults))
 
+    def allowed(self) -> dict:
+        """The allow-list the worker checks a trial's spec against (sandbox.allowed): every knob with its
+        type and bounds, JSON knobs as the keys of their flag, and the fixed flags and variables as
+        their one value."""
+        rules: dict = {"flags": {}, "env": {}}
+
+        def rule(value_or_knob: Any, text: bool) -> dict:
+            if not isinstance(value_or_knob, Knob):
+                v = value_or_knob
+                return {"keys": {k: rule(x, text) for k, x in v.items()}} if isinstance(v, dict) else \
+                    {"choices": [str(v) if text else v]}
+            k = value_or_knob
+            if k.type in ("int", "float"):
+                return {k.type: [k.low, k.high]}
+            if k.type == "bool":
+                return {"bool": True}
+            return {"choices": [str(c) if text else c for c in k.choices]}
+
+        for name, value in self.fixed_flags.items():
+            rules["flags"][name] = rule(value, False)
+        for name, value in self.fixed_env.items():
+            rules["env"][name] = rule(value, True)
+        for name, knob in self.knobs.items():
+            if knob.target == "env":
+                rules["env"][name] = rule(knob, True)
+            elif "." in name:
+                flag, key = name.split(".", 1)
+                rules["flags"].setdefault(flag, {"keys": {}})["keys"][key] = rule(knob, False)
+            else:
+                rules["flags"][name] = rule(knob, False)
+        return rules
+
     def to_flags_env(self, point: dict) -> tuple[dict, dict]:
         """The trial's flags and environment: the fixed part plus the point, JSON knobs grouped. A knob
         with one choice that applies to the point is the point's requirement, not a choice: it is set

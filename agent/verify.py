@@ -69,6 +69,14 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
         "candidate": {"model": model, "flags": claim["flags"], "env": claim["env"], "workload": inline,
                       "quality": "none", "repeats": used.repeats},
     }
+    if (rules := getattr(engine, "rules", None)) is not None:   # the branch's files are data, not the space
+        from sandbox.allowed import check
+        from sandbox.spec import SpecError
+
+        try:
+            check(rules, claim["flags"], claim["env"], f"{branch}:serving/results.json")
+        except SpecError as e:
+            raise VerifyError(f"{e}: the run's space does not allow it; nothing was started") from None
     claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["tps_ratio"]
     band = (claimed * (1 - tolerance), claimed * (1 + tolerance))
     # The run's own instances of the defaults measured the noise: their spread joins this one's.

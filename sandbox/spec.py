@@ -160,7 +160,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     if unknown:
         raise SpecError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
     model = raw.get("model")
-    if not isinstance(model, str) or not model or "\n" in model:
+    if not isinstance(model, str) or not model or "\n" in model or model.startswith("-"):
         raise SpecError(f"{source}.model: {model!r} is not a model path or Hugging Face id")
     trust = raw.get("trust_remote_code", False)
     if not isinstance(trust, bool):

@@ -26,7 +26,7 @@ from typing import Callable
 
 import httpx
 
-from sandbox import bench, goodput, host, metrics, quality, result as results, spec as specs
+from sandbox import allowed, bench, goodput, host, metrics, quality, result as results, spec as specs
 from sandbox.failures import TrialFailure, log_tail
 from sandbox.result import Figures, Quality, TrialResult
 from sandbox.server import Server
@@ -410,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where to write the result JSON")
     parser.add_argument("--log", type=Path, help="server log (default: next to --out)")
     parser.add_argument("--progress", type=Path, help="file rewritten with the phase in flight")
+    parser.add_argument("--allowed", type=Path, help="the run's allow-list (sandbox.allowed): every flag, key and "
+                        "variable of the spec must be in it")
+    parser.add_argument("--allowed-sha", help="the allow-list's hash, as the agent wrote it")
     args = parser.parse_args(argv)
     log_path = args.log or args.out.with_suffix(".server.log")
     if cores := os.environ.get("AGENT_CPUS"):
@@ -419,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _interrupt)
     try:
         spec = specs.load(args.spec)
+        if args.allowed:
+            allowed.check(allowed.load(args.allowed, args.allowed_sha or ""), spec.flags, spec.env, str(args.spec))
     except specs.SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         results.write(args.out, results.failed("invalid_config", str(e)))

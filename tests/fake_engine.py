@@ -8,7 +8,8 @@ sandbox.preflight does, so the loop's tests run with it on, as `agent run` does.
 
 import time
 
-from sandbox import result as results
+from sandbox import allowed, result as results
+from sandbox.spec import SpecError
 from sandbox.result import Failure, Figures, Quality, TrialResult
 from sandbox.workload import load_workload
 
@@ -56,8 +57,19 @@ class FakeEngine:
         return {"name": w.name, "meter_version": w.meter_version, "hash": w.hash, "prompt_split": w.prompt_split,
                 **w.summary()}
 
+    def allow(self, rules):
+        """The run's allow-list, checked as the real worker checks it (sandbox.allowed)."""
+        self.rules = rules
+
     def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
-        result = self._evaluate(spec, trial_dir, on_phase)
+        try:
+            if getattr(self, "rules", None) is not None:
+                allowed.check(self.rules, spec["flags"], spec["env"])
+        except SpecError as e:
+            result = TrialResult(status="failed", failure=Failure("invalid_config", str(e), "spec"),
+                                 workload=self.meter(spec))
+        else:
+            result = self._evaluate(spec, trial_dir, on_phase)
         results.write(trial_dir / "result.json", result)   # as the worker does (agent.decision.judge_again reads it)
         return result
 

@@ -132,3 +132,25 @@ def test_server_killed_during_the_benchmark_is_crashed_with_log_tail(embedded_mo
     no_process_left(result)
 
 
+
+
+def test_a_phase_callback_that_fails_ends_the_worker_and_its_server(embedded_model, tmp_path):
+    """A full disk under events.jsonl raises inside the engine's watch of the worker: the error goes on
+    to the run (which stops, resumable), and the worker and its server end with it. Before, they ran on
+    unsupervised."""
+    from agent.engine import WorkerEngine, trial_processes
+
+    def full(phase):
+        if phase == "start":
+            time.sleep(3)   # the server is starting by now
+            raise OSError(28, "No space left on device")
+
+    engine = WorkerEngine()
+    trial = tmp_path / "t"
+    try:
+        with pytest.raises(OSError, match="No space left on device"):
+            engine.evaluate({**BASE, "model": str(embedded_model)}, trial, 600, on_phase=full)
+    finally:
+        engine.close()
+    assert (trial / "progress.json").exists()
+    assert trial_processes(trial / "progress.json") == []

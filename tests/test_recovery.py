@@ -167,7 +167,7 @@ def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
     # A branch created just before the crash, its row not yet naming it.
     done = study.ask()
     ledger.add(Trial(run_id="r", number=1, source="sampler", optuna_number=done.number, status="ok", tps=2.0,
-                     gate_passed=True, tps_ratio=2.0, constraint=0.0))
+                     gate_passed=True, tps_ratio=2.0, constraint=0.0, decision="accepted"))
     sha = gitops.commit_branch(repo, "agent/r/1", {"a.txt": ("x", False)}, "trial 1\n\nAgent-Run: r\nAgent-Trial: 1\n")
     # A config that passed on search prompts and was killed during its re-check.
     ledger.add(Trial(run_id="r", number=2, source="planner", status="ok", gate_passed=None,

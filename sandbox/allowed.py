@@ -1,0 +1,89 @@
+"""What a trial may set: an allow-list of flags, JSON sub-keys and environment variables with their
+types and bounds, which the agent derives from the run's space (agent.space.Space.allowed) and hands
+the worker as a file and its hash on the worker's command line, never inside the spec. The spec is
+checked against it before anything starts; a spec check alone (sandbox.spec) only keeps away what the
+worker owns, and a deny-list lets through what nobody thought of.
+
+A rule is one of: {"choices": [...]} (the value exactly, of the same type), {"int": [low, high]},
+{"float": [low, high]}, {"bool": true}, {"keys": {sub: rule}} (a JSON flag: only these keys). An
+environment variable's value is a string; an int or float rule reads it as one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from sandbox.spec import SpecError
+
+INT = re.compile(r"^-?\d+$")
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load(path: Path, sha: str) -> dict:
+    """The rules in `path`, whose hash must be `sha` (the agent's, given on the command line)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"--allowed {path}: cannot read ({e.strerror})") from None
+    if digest(text) != sha:
+        raise SpecError(f"--allowed {path}: its hash is {digest(text)}, not {sha}: the allow-list was changed")
+    rules = json.loads(text)
+    if not isinstance(rules, dict) or not isinstance(rules.get("flags"), dict) or not isinstance(rules.get("env"), dict):
+        raise SpecError(f"--allowed {path}: not an allow-list (flags and env)")
+    return rules
+
+
+def check(rules: dict, flags: dict, env: dict, source: str = "spec") -> None:
+    """Raise SpecError naming the first flag, sub-key or variable the rules do not allow, with its value."""
+    for name, value in flags.items():
+        rule = rules["flags"].get(name)
+        if rule is None:
+            raise SpecError(f"{source}.flags.{name}: --{name} is not a flag of the run's space")
+        if why := _refused(rule, value, as_text=False):
+            raise SpecError(f"{source}.flags.{name}: {why}")
+    for name, value in env.items():
+        rule = rules["env"].get(name)
+        if rule is None:
+            raise SpecError(f"{source}.env.{name}: {name} is not a variable of the run's space")
+        if why := _refused(rule, value, as_text=True):
+            raise SpecError(f"{source}.env.{name}: {why}")
+
+
+def _refused(rule: dict, value: Any, as_text: bool) -> str | None:
+    if "keys" in rule:
+        if not isinstance(value, dict):
+            return f"{value!r} is not a JSON object"
+        for sub, v in value.items():
+            if sub not in rule["keys"]:
+                return f"key {sub!r} is not one the run's space sets"
+            if why := _refused(rule["keys"][sub], v, as_text):
+                return f"{sub}: {why}"
+        return None
+    if "choices" in rule:
+        ok = any(type(c) is type(value) and c == value for c in rule["choices"])
+        return None if ok else f"{value!r} is not one of {rule['choices']}"
+    if "bool" in rule:
+        return None if isinstance(value, bool) or (as_text and value in ("True", "False")) else \
+            f"{value!r} is not true or false"
+    kind = "int" if "int" in rule else "float"
+    low, high = rule[kind]
+    if as_text:
+        if not isinstance(value, str) or (kind == "int" and not INT.match(value)):
+            return f"{value!r} is not a {'whole number' if kind == 'int' else 'number'}"
+        try:
+            value = int(value) if kind == "int" else float(value)
+        except ValueError:
+            return f"{value!r} is not a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind == "int" and not isinstance(value, int)):
+        return f"{value!r} is not a {'whole number' if kind == 'int' else 'number'}"
+    if not math.isfinite(value) or not low <= value <= high:
+        return f"{value!r} is outside [{low}, {high}]"
+    return None
