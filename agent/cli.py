@@ -303,6 +303,10 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
         meter = replace(meter, num_prompts=settings["num_prompts"] or meter.num_prompts)
     except ValueError as e:
         raise fail(f"--workload: {e}") from None
+    if url_secret(settings.get("planner_base_url")):
+        raise fail("--planner-base-url: it carries a credential (a user:password@ or a key in its query); the "
+                   "run stores its settings in the ledger, so give the key in the provider's environment "
+                   "variable (OPENAI_API_KEY, ...) instead")
     if multi_turn and not traffic:
         raise fail("--multi-turn: replays a --traffic file's conversations turn by turn; give --traffic FILE")
     for option, given in (("--traffic", traffic), ("--chat-template", chat_template), ("--quality-text", quality_text)):
@@ -484,6 +488,18 @@ def _choices(space: spaces.Space) -> dict[str, list]:
     return {n: [str(c) for c in k.choices] for n, k in space.knobs.items() if k.choices}
 
 
+def url_secret(url: str | None) -> bool:
+    """Whether a URL carries a credential: a user or password before the host, or a key-like query."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    if not url:
+        return False
+    parts = urlsplit(url)
+    return bool(parts.username or parts.password) or any(
+        any(word in k.lower() for word in ("key", "token", "secret", "password", "auth"))
+        for k, _ in parse_qsl(parts.query, keep_blank_values=True))
+
+
 def _keep(path: Path, folder: Path) -> Path:
     """The run's copy of a file the user gave (a chat template, a perplexity text)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -521,9 +537,16 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
         raise fail(f"--resume: no run {run_id!r} in {ledger.where}")
     if row.status == "finished":
         raise fail(f"--resume: run {run_id} already finished at {row.finished_at}")
-    if live := crew.coordinator(ledger.workers(run_id)):   # on another host: this host's lock cannot see it
+    now = ledger.now()   # the database's clock: the one every host's heartbeats were written on
+    if live := crew.coordinator(ledger.workers(run_id), now):   # on another host: this host's lock cannot see it
         raise fail(f"--resume: run {run_id} is going: its coordinator, pid {live.pid} on {live.host}, wrote its "
-                   f"heartbeat {crew.age_s(live.heartbeat_at):.0f} s ago; one coordinator per run", 1)
+                   f"heartbeat {crew.age_s(live.heartbeat_at, now):.0f} s ago; one coordinator per run", 1)
+    for w in ledger.workers(run_id):   # one resume wins: each silent coordinator row claimed on the heartbeat read
+        if w.role == "coordinator" and w.status == "running" and not ledger.claim(
+                ledgers.Worker, w.id, {"status": "running", "heartbeat_at": w.heartbeat_at}, status="lost",
+                stopped_at=now, note="silent at a resume"):
+            raise fail(f"--resume: run {run_id}'s coordinator {w.name} wrote a heartbeat, or another resume "
+                       f"took it over, just now; one coordinator per run", 1)
     space = _space(row.space_path, row.settings.get("draft_models") or [], exact=settings_of(row).gate.exact,
                    max_model_len=row.settings.get("max_model_len"))
     if space.hash != row.space_hash:

@@ -41,7 +41,7 @@ def grace_s() -> float:
 def join(ledger: Ledger, run: Run, slot: Slot, role: str) -> Worker:
     host = socket.gethostname()
     me = ledger.add(Worker(run_id=run.id, name=f"{host}/{slot.index}", host=host, pid=os.getpid(),
-                           slot=slot.index, device=slot.device, role=role))
+                           slot=slot.index, device=slot.device, role=role, heartbeat_at=ledger.now()))
     return me
 
 
@@ -65,8 +65,9 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=10)
         try:
-            self.ledger.claim(Worker, self.me.id, {"status": "running"}, status="stopped", stopped_at=utcnow(),
-                              heartbeat_at=utcnow())
+            now = self.ledger.now()
+            self.ledger.claim(Worker, self.me.id, {"status": "running"}, status="stopped", stopped_at=now,
+                              heartbeat_at=now)
         except Exception:  # noqa: BLE001 - the database may be the reason we stop; the others will notice
             pass
 
@@ -76,20 +77,23 @@ class Heartbeat:
                 os.kill(os.getpid(), signal.SIGTERM)   # ends the trial in flight cleanly, as Ctrl-C does
                 return
             try:
-                if not self.ledger.claim(Worker, self.me.id, {"status": "running"}, heartbeat_at=utcnow()):
+                if not self.ledger.claim(Worker, self.me.id, {"status": "running"}, heartbeat_at=self.ledger.now()):
                     self.lost.set()
             except Exception:  # noqa: BLE001 - a database away for a while: the main loop stops on its next write
                 continue
 
 
-def age_s(stamp: str) -> float:
-    return (datetime.now(timezone.utc) - datetime.fromisoformat(stamp)).total_seconds()
+def age_s(stamp: str, now: str | None = None) -> float:
+    """Seconds since `stamp`, on the database's clock (`now`, from Ledger.now: heartbeats are written
+    on it) wherever a decision rests on the age; this host's clock only for what is shown."""
+    at = datetime.fromisoformat(now) if now else datetime.now(timezone.utc)
+    return (at - datetime.fromisoformat(stamp)).total_seconds()
 
 
-def coordinator(workers: list[Worker]) -> Worker | None:
+def coordinator(workers: list[Worker], now: str) -> Worker | None:
     """The run's coordinator if it is alive: its heartbeat fresh, and on this host its process there."""
     for w in workers:
-        if w.role == "coordinator" and w.status == "running" and age_s(w.heartbeat_at) < grace_s() and \
+        if w.role == "coordinator" and w.status == "running" and age_s(w.heartbeat_at, now) < grace_s() and \
                 (w.host != socket.gethostname() or psutil.pid_exists(w.pid)):
             return w
     return None
@@ -98,14 +102,14 @@ def coordinator(workers: list[Worker]) -> Worker | None:
 def bury(ledger: Ledger, run: Run, study: studies.Study | None, home: Path, say) -> list[str]:
     """Declare silent workers lost; their trials in flight become interrupted and their Optuna trials
     FAIL. Returns one line per thing done (nothing when another process did it first)."""
-    done = []
+    done, now = [], ledger.now()
     for w in ledger.workers(run.id):
         # The coordinator is never buried by others: its own resume repairs what it leaves, and a
         # coordinator that was only slow must not find its trial recorded for it.
-        if w.status != "running" or w.role == "coordinator" or age_s(w.heartbeat_at) < grace_s():
+        if w.status != "running" or w.role == "coordinator" or age_s(w.heartbeat_at, now) < grace_s():
             continue
         if not ledger.claim(Worker, w.id, {"status": "running", "heartbeat_at": w.heartbeat_at}, status="lost",
-                            stopped_at=utcnow(), note=f"no heartbeat since {w.heartbeat_at}"):
+                            stopped_at=now, note=f"no heartbeat since {w.heartbeat_at}"):
             continue
         done.append(f"worker {w.name} ({w.device}) lost: no heartbeat since {w.heartbeat_at}")
         for t in ledger.trials(run.id, status="running"):

@@ -285,6 +285,14 @@ class Ledger:
                 continue
         raise RuntimeError(f"run {row.run_id}: no free trial number after 100 attempts")
 
+    def now(self) -> str:
+        """The database's clock, in utcnow()'s form: the one clock every host of a shared run reads, so
+        heartbeats and their ages never compare two machines' clocks."""
+        sql = ("SELECT strftime('%Y-%m-%dT%H:%M:%S', 'now')" if self.sqlite else
+               "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS')")
+        with self.session() as s:
+            return s.execute(text(sql)).scalar_one() + "+00:00"
+
     def claim(self, model: type[Base], id_: int, expect: dict, **values: Any) -> bool:
         """Update one row only if its columns still hold `expect`: True for the one writer that did it
         (how a lost worker's trial is recorded as interrupted once, whoever notices)."""

@@ -208,13 +208,13 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
 
 def worker_problems(ledger: Ledger, run: Run, trials: list) -> list[str]:
     """A distributed run's own disagreements: workers and the trials they hold."""
-    out = []
+    out, now = [], ledger.now()
     workers = {w.id: w for w in ledger.workers(run.id)}
     for w in workers.values():
-        if w.status == "running" and crew.age_s(w.heartbeat_at) > crew.grace_s() and w.role == "coordinator":
+        if w.status == "running" and crew.age_s(w.heartbeat_at, now) > crew.grace_s() and w.role == "coordinator":
             out.append(f"the coordinator {w.name}: silent since {w.heartbeat_at}; on {w.host}: "
                        f"agent run --resume {run.id}")
-        elif w.status == "running" and crew.age_s(w.heartbeat_at) > crew.grace_s():
+        elif w.status == "running" and crew.age_s(w.heartbeat_at, now) > crew.grace_s():
             out.append(f"worker {w.name} ({w.device}): silent since {w.heartbeat_at} but not declared lost")
         elif w.status == "running" and run.status != "running":
             out.append(f"worker {w.name} ({w.device}): still going in a run that is {run.status}")

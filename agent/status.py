@@ -72,7 +72,7 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
     pid = lock_holder(home) if run.status == "running" else None
     # A host that does not hold the run's lock (a worker's host, reading the shared database) knows
     # the run is going by its coordinator's heartbeat.
-    remote = crew.coordinator(workers) if run.status == "running" and not pid else None
+    remote = crew.coordinator(workers, now.isoformat()) if run.status == "running" and not pid else None
     if run.status == "running":
         state = (f"running, agent run pid {pid}" if pid else
                  f"running, agent run pid {remote.pid} on {remote.host}" if remote else

@@ -116,7 +116,8 @@ class FakeEngine:
             bench_heldout=Figures(tps=round(tps * 0.97, 3), **figure(tps * 0.97)) if spec.get("heldout_bench") else None,
             workload=self.meter(spec),
             bench=Figures(tps=round(tps, 3), repeats_tps=[tps, tps * 1.002, tps * 0.998],
-                          ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0}, **figure(tps)),
+                          ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0}, tpot_ms={"p99": 40.0},
+                          latency_ms={"p99": 2000.0}, finish={"length": 4}, **figure(tps)),
             quality_skipped="slower" if skip_quality else None,
             quality=None if spec.get("quality") == "none" or skip_quality else
                     Quality(ppl=ppl, greedy=[{"token_ids": g, "top_logprobs": t} for g, t in zip(greedy, TOPS)]),

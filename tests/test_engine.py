@@ -154,3 +154,19 @@ def test_a_phase_callback_that_fails_ends_the_worker_and_its_server(embedded_mod
         engine.close()
     assert (trial / "progress.json").exists()
     assert trial_processes(trial / "progress.json") == []
+
+
+def test_a_trial_past_its_timeout_is_stopped_whole_and_recorded(embedded_model, tmp_path):
+    """WorkerEngine.evaluate's deadline: the worker is told to stop (SIGTERM: it tears its server down
+    and writes its result), within the grace; nothing of the trial is left."""
+    from agent.engine import WorkerEngine, trial_processes
+
+    engine = WorkerEngine()
+    started = time.monotonic()
+    try:
+        result = engine.evaluate({**BASE, "model": str(embedded_model)}, tmp_path / "t", 8)   # a start takes minutes
+    finally:
+        engine.close()
+    assert time.monotonic() - started < 8 + 60
+    assert result.status == "failed" and result.failure.klass == "interrupted", result.failure
+    assert trial_processes(tmp_path / "t" / "progress.json") == []

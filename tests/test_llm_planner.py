@@ -296,3 +296,21 @@ def test_a_providers_error_is_recorded_without_the_key_or_url_credentials_it_ech
     for said in (call.error, str(e.value)):
         assert "sk-live" not in said and "hunter22" not in said, said
     assert "401 for https://bob:***@llm.example/v1?api_key=***&x=1" in call.error
+
+
+@pytest.mark.parametrize("url", ["https://bob:sk-live-0123@llm.example/v1", "https://llm.example/v1?api_key=sk-live-0123",
+                                 "https://llm.example/v1?token=sk-live-0123"])
+def test_a_planner_base_url_with_a_credential_is_refused_before_the_run_is_stored(url, tmp_path, monkeypatch):
+    """The run's settings go into the ledger as given: a URL carrying a key would put it there (and in
+    every `agent ledger` output). Refused in one line, the key not echoed, no run written."""
+    from typer.testing import CliRunner
+
+    from agent.cli import app
+    from agent.ledger import Ledger
+
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, ["run", "--planner", "openai/gpt-4o-mini", "--planner-base-url", url,
+                                      "--budget", "1m"])
+    assert result.exit_code == 2 and "--planner-base-url: it carries a credential" in result.stderr
+    assert "sk-live-0123" not in result.stderr + result.stdout
+    assert not (tmp_path / "ledger.sqlite").exists() or Ledger(tmp_path / "ledger.sqlite").runs() == []

@@ -686,3 +686,32 @@ def test_an_accepted_config_whose_commit_failed_is_named_by_doctor_and_branched_
     row = next(t for t in ledger.trials("rg") if t.number == first.number)
     assert row.branch == f"agent/rg/{first.number}" and row.commit in gitops.open_repo(tmp_path / "p").git.rev_parse(row.branch)
     assert recovery.problems(ledger, run, storage, gitops.open_repo(tmp_path / "p")) == []
+
+
+def test_a_planners_range_outside_its_knob_is_refused_said_and_never_applied(tmp_path):
+    """A planner's narrowed range is data like its proposals: one outside the knob's own range (or for a
+    knob that is not numeric) is refused with its reason, not recorded, and the sampler keeps the whole
+    range."""
+    from agent.planner import Narrowing, NoPlanner
+
+    class Wide(NoPlanner):
+        name = "wide"
+
+        def narrow(self, space, history):
+            return [Narrowing("max-num-seqs", 1, 10**9, "wider than the knob"),
+                    Narrowing("enforce-eager", 0, 1, "not a numeric knob")]
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    space = spaces.load("vllm-cpu")
+    run = ledger.add(Run(id="n", deadline_at=(datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(), model="m",
+                         space_path=space.path, space_hash=space.hash, workload="smoke", repo="",
+                         settings={"home": str(tmp_path)}))
+    events = []
+    settings = Settings(model="m", workload="smoke", max_trials=3, facts={"cpus": 2, "concurrency": 1})
+    run_search(RunContext(run, settings, space), Seams(ledger, FakeEngine(), gitops.open_repo(tmp_path / "p", create=True),
+                                                       lambda e, **i: events.append((e, i))),
+               f"sqlite:///{tmp_path / 'o.sqlite'}", planner=Wide())
+    refused = [i["reason"] for e, i in events if e == "narrow_refused"]
+    assert refused and any("[1, 1000000000] is not inside max-num-seqs's range" in r for r in refused), refused
+    assert any("'enforce-eager' is not a numeric knob" in r for r in refused), refused
+    assert ledger.narrowings("n") == [] and not [e for e, _ in events if e == "narrow"]

@@ -292,24 +292,40 @@ def test_doctor_finds_a_trial_server_that_outlived_its_trial(tmp_path, monkeypat
 
 
 class DiskFullLedger(Ledger):
-    """Every write after the n-th fails as SQLite does when the disk is full."""
+    """Every write after the n-th fails as SQLite does when the disk is full (row claims and updates, the
+    ways a trial's figures and its gate's verdict are written); `gate_write` becomes the number of the
+    first write of a gate's verdict (decision.judge), for a test to fill the disk exactly there."""
 
     def __init__(self, path, n):
         super().__init__(path)
-        self.writes, self.n = 0, n
+        self.writes, self.n, self.gate_write = 0, n, None
 
-    def update(self, row, **values):
+    def _write(self):
+        import inspect
         import sqlite3
 
         from sqlalchemy.exc import OperationalError
 
         self.writes += 1
+        if self.gate_write is None and any(f.function == "judge" for f in inspect.stack()[2:6]):
+            self.gate_write = self.writes
         if self.writes > self.n:
             raise OperationalError("UPDATE trials", {}, sqlite3.OperationalError("database or disk is full"))
+
+    def update(self, row, **values):
+        self._write()
         return super().update(row, **values)
 
+    def claim(self, model, id_, expect, **values):
+        self._write()
+        return super().claim(model, id_, expect, **values)
 
-def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent(tmp_path):
+
+@pytest.mark.parametrize("at", ["gate", "later"])
+def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent(tmp_path, at):
+    """The disk fills at the gate's first verdict (window 1: the candidate's figures written, its verdict
+    not), or some writes later; after space is freed the resume judges what was cut and ends with
+    no disagreement (agent doctor's check) and every candidate decided."""
     from datetime import timezone
 
     from sqlalchemy.exc import OperationalError
@@ -320,21 +336,33 @@ def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent
     from fake_engine import FakeEngine
 
     space = spaces.load("vllm-cpu")
+    settings = Settings(model="m", workload="smoke", facts={"cpus": 2, "concurrency": 1})
+    probe = DiskFullLedger(tmp_path / "probe.sqlite", n=10**6)   # where the gate's first write falls
+    probe_run = probe.add(Run(id="d", deadline_at=(datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat(),
+                              model="m", space_path=space.path, space_hash=space.hash, workload="smoke",
+                              repo="", settings={"home": str(tmp_path / "probe")}))
+    run_search(RunContext(probe_run, settings, space), Seams(probe, FakeEngine(), gitops.open_repo(
+        tmp_path / "probe-p", create=True)), f"sqlite:///{tmp_path / 'probe-o.sqlite'}")
+    n = probe.gate_write - 1 if at == "gate" else probe.gate_write + 5
     repo = gitops.open_repo(tmp_path / "p", create=True)
     storage = f"sqlite:///{tmp_path / 'o.sqlite'}"
-    full = DiskFullLedger(tmp_path / "ledger.sqlite", n=14)
+    full = DiskFullLedger(tmp_path / "ledger.sqlite", n=n)
     deadline = (datetime.now(timezone.utc) + timedelta(seconds=6)).isoformat()
     run = full.add(Run(id="d", deadline_at=deadline, model="m", space_path=space.path, space_hash=space.hash,
                        workload="smoke", repo=str(repo.working_dir), settings={"home": str(tmp_path)}))
-    settings = Settings(model="m", workload="smoke", facts={"cpus": 2, "concurrency": 1})
     with pytest.raises(OperationalError, match="disk is full"):
         run_search(RunContext(run, settings, space), Seams(full, FakeEngine(), repo), storage)
     ledger = Ledger(tmp_path / "ledger.sqlite")   # space freed: the same file, written normally again
-    recovery.repair(ledger, ledger.run("d"), storage, repo)
+    cut = [t.number for t in ledger.trials("d") if t.source in ("planner", "sampler") and t.status == "ok"
+           and t.decision is None]
+    assert bool(cut) == (at == "gate"), [(t.number, t.status, t.decision) for t in ledger.trials("d")]
+    said = recovery.repair(ledger, ledger.run("d"), storage, repo)
+    assert all(f"trial {number}: measured but not judged at the crash" in " ".join(said) for number in cut)
     run_search(RunContext(ledger.run("d"), settings, space), Seams(ledger, FakeEngine(), repo), storage)
     assert recovery.problems(ledger, ledger.run("d"), storage, repo) == []
     trials = ledger.trials("d")
     assert [t.number for t in trials] == list(range(len(trials))) and len(trials) > 4
+    assert all(trials[number].decision not in (None, "failed") for number in cut)
 
 
 def test_device_memory_must_come_back_before_a_trial_counts_as_torn_down():

@@ -7,6 +7,7 @@ hashed split, fresh draws and quality on the user's own requests are all exercis
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -106,6 +107,9 @@ def real_run(embedded_model, tmp_path_factory) -> RealRun:
         finally:
             first.kill()   # SIGKILL: no handler runs; the worker and its server are left as orphans
             first.wait()
+        # The orphaned worker, stopped as a hung one would be: it cannot end its short trial on its own
+        # before the resume looks, so only the resume's reap can end it and its server.
+        os.kill(killed["worker_pid"], signal.SIGSTOP)
         err.seek(0)
         said = err.read()
     resume = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--resume", killed["run_id"]],
@@ -263,7 +267,9 @@ def test_a_sigkill_inside_the_candidates_benchmark_costs_no_candidate(real_run):
     trials = ledger.trials(run.id)
     cut = next(t for t in trials if t.number == killed["number"])
     assert cut.status == "interrupted" and cut.source in ("planner", "sampler"), (cut.status, cut.source)
-    assert "repaired:" in real_run.proc.stdout + real_run.proc.stderr
+    said = real_run.proc.stdout + real_run.proc.stderr
+    reaped = next(line for line in said.splitlines() if f"trial-{cut.number:03d}: ended processes" in line)
+    assert str(killed["worker_pid"]) in reaped and str(killed["server_pid"]) in reaped, reaped
     for pid in (killed["worker_pid"], killed["server_pid"]):   # the orphans: ended by the resume
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     # vLLM's engine core and its workers too: they carry no marker and outlive the server as init's

@@ -62,7 +62,7 @@ def test_a_signal_mid_trial_stops_the_run_with_the_trial_recorded_and_resumable(
     assert len(ran) == 3, [(t.number, t.source, t.status) for t in trials]   # --max-trials: the cut one not counted
 
 
-def test_the_runs_template_and_perplexity_text_are_its_own_copies_checked_on_resume(tmp_path, embedded_model):
+def test_the_runs_traffic_template_and_perplexity_text_are_its_own_copies_checked_on_resume(tmp_path, embedded_model):
     """Every trial and the branch read the run's copies: the user's files may be edited or removed in the
     night and nothing measured changes; a copy edited since the start refuses the resume, in one line.
     Before, each trial read the user's paths, and a removed file made every later point invalid_config."""
@@ -70,12 +70,14 @@ def test_the_runs_template_and_perplexity_text_are_its_own_copies_checked_on_res
     mine.mkdir()
     template = mine / "chat.jinja"
     template.write_text((ROOT / "sandbox/data/traffic/gemma-chat.jinja").read_text())
+    traffic = mine / "chat.jsonl"
+    traffic.write_text((ROOT / "sandbox/data/traffic/chat.jsonl").read_text())
     text = mine / "ppl.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 40 + "\n\n" + "A second paragraph of plain text. " * 40 + "\n")
     env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_TRIAL_S": "0.05", "COLUMNS": "300"}
     agent = [sys.executable, str(ROOT / "tests" / "agent_with_seam_engine.py"), "run"]
     first = subprocess.run([*agent, "--budget", "20s", "--model", str(embedded_model), "--max-trials", "1",
-                            "--traffic", str(ROOT / "sandbox/data/traffic/chat.jsonl"), "--chat-template", str(template),
+                            "--traffic", str(traffic), "--chat-template", str(template),
                             "--quality-text", str(text)], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     ledger = Ledger(home / "ledger.sqlite")
@@ -83,8 +85,8 @@ def test_the_runs_template_and_perplexity_text_are_its_own_copies_checked_on_res
     inputs = home / run.id / "inputs"
     assert run.settings["workload"]["chat_template"] == str(inputs / "chat.jinja")
     assert run.settings["quality_text"] == str(inputs / "ppl.txt")
-    template.unlink()   # the user's own files, gone: nothing the run reads
-    text.unlink()
+    for given in (template, text, traffic):   # the user's own files, gone: nothing the run reads
+        given.unlink()
     ledger.update(run, status="stopped")
     again = subprocess.run([*agent, "--resume", run.id], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]

@@ -314,6 +314,14 @@ def test_the_fake_engines_results_have_the_real_workers_shape(tmp_path, fake_mod
             continue
         assert path in real_shape, f"the fake writes {'.'.join(path)}, which the worker never does"
         assert real_shape[path] in (kind, "NoneType"), f"{'.'.join(path)}: fake {kind}, worker {real_shape[path]}"
+    # And the other way: what the worker writes at the top of a result and of its figures, the fake
+    # writes too, so no loop or gate test runs on a result missing a field the agent reads.
+    fake_shape = dict(_shape(results.to_json(fake)))
+    fake_tops = {p[:2] if p[0] in ("bench", "quality") else p[:1] for p in fake_shape}
+    missing = sorted(".".join(top) for top in {p[:2] if p[0] in ("bench", "quality") else p[:1]
+                                               for p, kind in real_shape.items() if kind != "NoneType"}
+                     - fake_tops - {("engine",), ("hardware",)})
+    assert missing == [], f"the worker writes {missing}, which the fake never does"
 
 
 def test_a_result_file_reads_back_as_the_result_written_and_a_foreign_one_is_refused_by_name(tmp_path, fake_mode):
