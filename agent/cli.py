@@ -335,8 +335,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
         raise fail(f"--repo: {e}") from None
     model_given = model
     model, revision = _ready(model)
-    # A draft folder given relative to here, absolute as the model is (a trial's working directory differs).
-    draft_model = [str(Path(d).resolve()) if Path(d).is_dir() else d for d in draft_model or []]
+    draft_model = [_draft_ready(d) for d in draft_model or []]
     if draft_model:
         from agent import drafts
 
@@ -457,6 +456,22 @@ def _ready(model: str) -> tuple[str, str | None]:
         raise fail(f"--model: {e}") from None
     console.print(f"  {model} at {revision}")
     return model, revision
+
+
+def _draft_ready(draft: str) -> str:
+    """A draft as every trial loads it: a folder here made absolute (a trial's working directory differs),
+    a Hub id fetched now and served from its snapshot's folder, which names the commit (offline trials
+    load it; the branch records it)."""
+    if Path(draft).is_dir():
+        return str(Path(draft).resolve())
+    if not hub.is_hub_id(draft):
+        return draft
+    try:
+        fetched = hub.fetch(draft, say=console.print)
+    except hub.ModelUnavailable as e:
+        raise fail(f"--draft-model: {e}") from None
+    console.print(f"  draft {draft} at {fetched.revision}: {fetched.path}", highlight=False)
+    return fetched.path
 
 
 def served_model(model: str, revision: str | None) -> str:

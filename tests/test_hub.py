@@ -81,3 +81,17 @@ def test_an_offline_trial_that_cannot_find_its_model_has_a_class_of_its_own():
            "repo look-ups and downloads online, pass 'local_files_only=False' as input.\n"
            "ValueError: something the engine raised while giving up")
     assert classify_log(log) == "model_unavailable"
+
+
+def test_a_draft_given_by_hub_id_is_fetched_before_the_run_and_served_from_its_commits_snapshot(endpoint):
+    """Before, a --draft-model Hub id went into the space as the id: never fetched, never pinned, so
+    trials offline could not load it and a later commit could change what was measured."""
+    from agent import cli
+
+    path = cli._draft_ready("org/tiny")
+    assert path.endswith(f"models--org--tiny/snapshots/{SHA}") and os.path.isdir(path)
+    endpoint.close()   # offline from here: the trials load the folder
+    assert "model.safetensors" in os.listdir(path)
+    with pytest.raises(Exception) as e:   # a draft the Hub refuses stops the run before it starts, in one line
+        cli._draft_ready("org/gated")
+    assert getattr(e.value, "exit_code", None) == 2
