@@ -109,12 +109,12 @@ def test_a_candidate_cut_between_its_record_and_its_gate_gets_the_decision_an_un
     Optuna value) the same seed's uncut run reaches for it; before, it stayed `ok` with no decision and
     Optuna was told 0.0, infeasible."""
     cut_home, whole_home = tmp_path / "cut", tmp_path / "whole"
-    whole = start(whole_home, "r", 40)
-    cut = start(cut_home, "r", 40, kill_at="judge:1")
+    whole = start(whole_home, "r", 20)
+    cut = start(cut_home, "r", 20, kill_at="judge:1")
     try:
         cut_out, _ = cut.communicate(timeout=180)
         assert cut.returncode == -signal.SIGKILL, cut_out[-2000:]
-        resumed = start(cut_home, "r", 40)
+        resumed = start(cut_home, "r", 20)
         resumed_out, _ = resumed.communicate(timeout=180)
         whole_out, _ = whole.communicate(timeout=180)
     finally:
@@ -138,12 +138,12 @@ def test_a_candidate_cut_between_its_record_and_its_gate_gets_the_decision_an_un
 def test_a_candidate_cut_before_its_gate_whose_result_is_gone_is_measured_again(tmp_path):
     """Window 1 with the worker's result.json removed: the candidate counts as cut in flight (interrupted,
     its Optuna trial FAIL) and the same point is measured again, not judged from nothing."""
-    proc = start(tmp_path, "g", 25, kill_at="judge:1")
+    proc = start(tmp_path, "g", 15, kill_at="judge:1")
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == -signal.SIGKILL, out[-2000:]
     cut = next(t for t in Ledger(tmp_path / "ledger.sqlite").trials("g") if t.source in ("planner", "sampler"))
     (Path(cut.log_path).parent / "result.json").unlink()
-    proc = start(tmp_path, "g", 25)
+    proc = start(tmp_path, "g", 15)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-2000:]
     trials = Ledger(tmp_path / "ledger.sqlite").trials("g")
