@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import hashlib
 import shutil
 import signal
 import sys
@@ -280,7 +279,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
     from agent import traffic as traffics
     from sandbox.host import engine as engine_info, hardware
     from sandbox.traffic import TrafficError, load as load_traffic
-    from sandbox.workload import load_quality, load_workload
+    from sandbox.workload import file_digest, load_quality, load_workload
 
     try:
         budget_s = budget.parse_duration(budget_text)
@@ -397,7 +396,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
         space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
         repo=str(proposals.working_dir),
         settings={**stored(used), "budget_s": budget_s, "budget": budget_text, "max_model_len": context,
-                  "quality_text_hash": _digest(quality_set.text_path) if quality_text else None,
+                  "quality_text_hash": file_digest(quality_set.text_path) if quality_text else None,
                   "traffic": meter.summary(), "traffic_source": source.summary() if traffic else None,
                   "model_given": model_given, "storage": where().kind, "choices": _choices(space),
                   "planner": planner or "builtin", "draft_models": draft_model or [],
@@ -523,14 +522,10 @@ def _keep(path: Path, folder: Path) -> Path:
     return copy.resolve()
 
 
-def _digest(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
 def _inputs_changed(row: ledgers.Run) -> str | None:
     """What of the run's own inputs (its traffic copy, chat template, perplexity text) is no longer what
     it measured with, or None."""
-    from sandbox.workload import load_workload
+    from sandbox.workload import file_digest, load_workload
 
     settings = settings_of(row)
     if not isinstance(settings.workload, dict):   # a run written before 2026-12-03: its workload by name
@@ -538,7 +533,7 @@ def _inputs_changed(row: ledgers.Run) -> str | None:
     try:
         if load_workload(settings.workload).hash != row.workload_hash:
             return f"its traffic or chat template ({settings.workload.get('traffic') or settings.workload.get('chat_template')})"
-        if row.settings.get("quality_text_hash") and _digest(settings.quality_text) != row.settings["quality_text_hash"]:
+        if row.settings.get("quality_text_hash") and file_digest(settings.quality_text) != row.settings["quality_text_hash"]:
             return f"its perplexity text ({settings.quality_text})"
     except (OSError, ValueError) as e:
         return f"a file it reads ({e})"
@@ -562,8 +557,7 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
                 stopped_at=now, note="silent at a resume"):
             raise fail(f"--resume: run {run_id}'s coordinator {w.name} wrote a heartbeat, or another resume "
                        f"took it over, just now; one coordinator per run", 1)
-    space = _space(row.space_path, row.settings.get("draft_models") or [], exact=settings_of(row).gate.exact,
-                   max_model_len=row.settings.get("max_model_len"))
+    space = _run_space(row)
     if space.hash != row.space_hash:
         raise fail(f"--resume: {row.space_path} changed since run {run_id} started; a resumed run keeps its space")
     if changed := _inputs_changed(row):
@@ -579,6 +573,14 @@ def _storage():
     return where().study()
 
 
+def _run_space(row: ledgers.Run) -> spaces.Space:
+    """The space a run searches, as its row has it: its file (the shipped one of that name where the
+    path is another host's), its drafts, its exactness and its context length."""
+    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
+    return _space(space_path, row.settings.get("draft_models") or [], exact=settings_of(row).gate.exact,
+                  max_model_len=row.settings.get("max_model_len"))
+
+
 def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spaces.Space]:
     """The run's settings and space as its row has them (a resume and every worker read the same), the
     model, home and facts this host's."""
@@ -589,9 +591,7 @@ def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spa
     settings = settings_of(row)
     meter = load_workload(settings.workload)
     settings = replace(settings, model=_model_here(row, o), home=home, facts=_facts(hardware(), meter, settings.gate))
-    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
-    space = _space(space_path, o.get("draft_models") or [], exact=settings.gate.exact,
-                   max_model_len=o.get("max_model_len"))
+    space = _run_space(row)
     if space.hash != row.space_hash:
         raise fail(f"{row.space_path} on this host is not the space run {row.id} searches (hash {space.hash}, "
                    f"the run's {row.space_hash})")
@@ -878,8 +878,7 @@ def verify(
         repo = gitops.open_repo(Path(run_row.repo))
         engine = WorkerEngine()
         # A branch's flags are data: the worker serves only what the run's space allows.
-        engine.allow(_space(run_row.space_path, run_row.settings.get("draft_models") or [],
-                            max_model_len=run_row.settings.get("max_model_len")).allowed())
+        engine.allow(_run_space(run_row).allowed())
         r = run_verify(ledger, repo, branch, engine, paths.home() / run_row.id / "verify",
                        Rounds(rounds, tolerance, split), say=lambda m: console.print(m, highlight=False))
     except (VerifyError, gitops.RepoError) as e:

@@ -180,9 +180,13 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
 def settle(ctx: RunContext, seams: Seams, study: studies.Study) -> None:
     """After a crash (recovery.repair names them): a candidate measured but never gated is judged from
     its worker's result and told to Optuna, and an accepted one with no branch is branched."""
-    ledger, running = seams.ledger, {ft.number for ft in studies.running(study)}
-    now = Snapshot.read(ctx, ledger)
-    for row in unjudged(ledger.trials(ctx.run.id)):
+    ledger = seams.ledger
+    trials = ledger.trials(ctx.run.id)
+    cut = unjudged(trials)
+    if not cut and not unbranched(trials):
+        return   # a run not cut in either window: nothing more read at its start
+    running, now = {ft.number for ft in studies.running(study)}, Snapshot.read(ctx, ledger)
+    for row in cut:
         row = judge_again(ctx, seams, row, now.base, now.history)
         if row.optuna_number in running and row.status == "interrupted":
             studies.fail(study, row.optuna_number)

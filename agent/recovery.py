@@ -121,9 +121,10 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
     trials = ledger.trials(run.id)
     # Measured but never gated (window 1): the resumed loop judges it from its worker's result and
     # tells Optuna then (loop.settle); told now, it would be a 0.0 with an infeasible constraint.
-    later = {t.optuna_number for t in decision.unjudged(trials) if t.worker_id not in going}
+    cut = [t for t in decision.unjudged(trials) if t.worker_id not in going]
+    later = {t.optuna_number for t in cut}
     done += [f"trial {t.number}: measured but not judged at the crash: judged from its recorded result "
-             f"after the resume" for t in decision.unjudged(trials) if t.worker_id not in going]
+             f"after the resume" for t in cut]
     finished = {t.optuna_number: t for t in trials
                 if t.optuna_number is not None and t.status in crew.FINISHED and t.optuna_number not in later}
     # A live worker on another host still measures these: their Optuna trials are its to tell.

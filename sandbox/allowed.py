@@ -43,18 +43,12 @@ def load(path: Path, sha: str) -> dict:
 
 def check(rules: dict, flags: dict, env: dict, source: str = "spec") -> None:
     """Raise SpecError naming the first flag, sub-key or variable the rules do not allow, with its value."""
-    for name, value in flags.items():
-        rule = rules["flags"].get(name)
-        if rule is None:
-            raise SpecError(f"{source}.flags.{name}: --{name} is not a flag of the run's space")
-        if why := _refused(rule, value, as_text=False):
-            raise SpecError(f"{source}.flags.{name}: {why}")
-    for name, value in env.items():
-        rule = rules["env"].get(name)
-        if rule is None:
-            raise SpecError(f"{source}.env.{name}: {name} is not a variable of the run's space")
-        if why := _refused(rule, value, as_text=True):
-            raise SpecError(f"{source}.env.{name}: {why}")
+    for part, given, what in (("flags", flags, "--{} is not a flag"), ("env", env, "{} is not a variable")):
+        for name, value in given.items():
+            rule = rules[part].get(name)
+            why = f"{what.format(name)} of the run's space" if rule is None else _refused(rule, value, part == "env")
+            if why:
+                raise SpecError(f"{source}.{part}.{name}: {why}")
 
 
 def _refused(rule: dict, value: Any, as_text: bool) -> str | None:

@@ -237,7 +237,7 @@ class Workload:
                    and not (k in ARRIVAL_FIELDS and v == Workload.__dataclass_fields__[k].default)}  # older hashes hold
         payload = json.dumps({"profile": profile, "requests": [r.key for r in self.pool()],
                               "warmups": [r.key for r in self.pool("search")[:self.warmup_count()]],
-                              "template": _digest(self.chat_template) if self.chat_template else None},
+                              "template": file_digest(self.chat_template) if self.chat_template else None},
                              sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -258,7 +258,7 @@ def _traffic(path: str) -> Traffic:
     return load_traffic(path)
 
 
-def _digest(path: str) -> str:
+def file_digest(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
