@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import shutil
@@ -45,7 +46,7 @@ out = Console() if sys.stdout.isatty() else Console(width=220)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[red]error:[/] {message}", highlight=False)
+    console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)   # one line, however long
     return typer.Exit(code)
 
 
@@ -1060,8 +1061,35 @@ def ledger_sql(query: str) -> None:
     out.print(table)
 
 
+# A write that fails for want of space: the disk or a quota full, or a file past the size limit.
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _stores() -> str:
+    try:
+        return storages.resolve(None, paths.home()).describe()
+    except storages.StorageError:
+        return str(paths.home())
+
+
 def main() -> None:
-    app()
+    """`agent`. A database or disk that fails outside a run's search (opening the ledger, writing a new
+    run's row, a command's own write) ends the command with one line, not a traceback: each write is a
+    transaction, so nothing written before is lost; a run already started says how to resume it."""
+    try:
+        app()
+    except OperationalError as e:
+        console.print(f"[red]error:[/] the ledger or study at {_stores()} could not be written "
+                      f"({storages.first_line(e)}); nothing was lost. Free the disk or bring the database back, "
+                      f"then run the command again", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except OSError as e:
+        if e.errno not in FULL:
+            raise
+        console.print(f"[red]error:[/] {e.filename or paths.home()} could not be written "
+                      f"({os.strerror(e.errno)}); nothing was lost. Free the disk, then run the command again",
+                      highlight=False, soft_wrap=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

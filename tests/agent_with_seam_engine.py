@@ -20,4 +20,4 @@ from seam_engine import SeamEngine  # noqa: E402
 if __name__ == "__main__":
     cli.make_engine = SeamEngine
     crew.PROGRAM = [str(Path(__file__).resolve())]
-    cli.app()
+    cli.main()

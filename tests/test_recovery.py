@@ -321,6 +321,51 @@ class DiskFullLedger(Ledger):
         return super().claim(model, id_, expect, **values)
 
 
+def run_agent(home, *args, file_limit=None):
+    """A real `agent` process (the deterministic engine at its seam), every file it writes bounded to
+    file_limit bytes as a full disk bounds it: past it a write fails (EFBIG; Python ignores SIGXFSZ)."""
+    import resource
+
+    def bound():
+        if file_limit:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+
+    env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_TRIAL_S": "0.05", "COLUMNS": "300"}
+    return subprocess.run([sys.executable, str(HERE / "agent_with_seam_engine.py"), *args], env=env, cwd=HERE.parent,
+                          capture_output=True, text=True, timeout=300, preexec_fn=bound)
+
+
+@pytest.mark.parametrize("limit, where", [(40_000, "opening the ledger"), (130_000, "in the search")])
+def test_a_real_full_disk_ends_agent_run_with_one_line_and_the_next_command_goes_on(tmp_path, embedded_model,
+                                                                                   limit, where):
+    """`agent run` whose files cannot grow past `limit` (the ledger's write-ahead log fills first): it
+    exits 1 with one error line naming what could not be written and what to run next, never a
+    traceback; with the space back, the resume (or the run again, where no run's row was written)
+    finishes and `agent doctor` finds ledger, study and branches agreeing."""
+    home = tmp_path / "home"
+    cut = run_agent(home, "run", "--budget", "60s", "--model", str(embedded_model), "--max-trials", "4",
+                    file_limit=limit)
+    lines = cut.stderr.strip().splitlines()
+    assert cut.returncode == 1 and "Traceback" not in cut.stderr and "╭" not in cut.stderr, cut.stderr[-3000:]
+    assert lines[-1].startswith("error: the ledger") and "could not be written (" in lines[-1], lines[-1]
+    assert sum(line.startswith("error:") for line in lines) == 1
+    runs = Ledger(home / "ledger.sqlite").runs()
+    if where == "opening the ledger":
+        assert runs == [] and lines[-1].endswith("then run the command again")
+        again = run_agent(home, "run", "--budget", "60s", "--model", str(embedded_model), "--max-trials", "4")
+    else:
+        (run,) = runs
+        measured = [t for t in Ledger(home / "ledger.sqlite").trials(run.id) if t.tps]
+        assert measured and lines[-1].endswith(f"then: agent run --resume {run.id}"), (measured, lines[-1])
+        again = run_agent(home, "run", "--resume", run.id)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (run,) = Ledger(home / "ledger.sqlite").runs()
+    trials = Ledger(home / "ledger.sqlite").trials(run.id)
+    assert run.status == "finished" and [t.number for t in trials] == list(range(len(trials)))
+    doctor = run_agent(home, "doctor", "--run", run.id)
+    assert doctor.returncode == 0 and "consistent: ledger, study and branches agree" in doctor.stdout, doctor.stdout
+
+
 @pytest.mark.parametrize("at", ["gate", "later"])
 def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent(tmp_path, at):
     """The disk fills at the gate's first verdict (window 1: the candidate's figures written, its verdict
