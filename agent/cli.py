@@ -395,7 +395,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
         id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
         model=model, model_revision=revision, engine=engine["name"], engine_version=engine["version"], hardware=host,
         space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
-        repo=str(proposals.working_dir),
+        repo=str(proposals.working_dir), owner=crew.token(),
         settings={**stored(used), "budget_s": budget_s, "budget": budget_text, "max_model_len": context,
                   "quality_text_hash": file_digest(quality_set.text_path) if quality_text else None,
                   "traffic": meter.summary(), "traffic_source": source.summary() if traffic else None,
@@ -558,6 +558,9 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
                 stopped_at=now, note="silent at a resume"):
             raise fail(f"--resume: run {run_id}'s coordinator {w.name} wrote a heartbeat, or another resume "
                        f"took it over, just now; one coordinator per run", 1)
+    owner = crew.token()   # a run stopped cleanly has no running coordinator row: this claim is its one winner
+    if not ledger.claim(ledgers.Run, run_id, {"owner": row.owner}, owner=owner):
+        raise fail(f"--resume: another resume took run {run_id} up just now; one coordinator per run", 1)
     space = _run_space(row)
     if space.hash != row.space_hash:
         raise fail(f"--resume: {row.space_path} changed since run {run_id} started; a resumed run keeps its space")
@@ -567,7 +570,7 @@ def _reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     repo = gitops.open_repo(Path(row.repo))
     for line in recovery.repair(ledger, row, _storage(), repo):
         console.print(f"  repaired: {line}", highlight=False)
-    return ledger.update(row, status="running", finished_at=None)
+    return ledger.update(row, status="running", finished_at=None, owner=owner)
 
 
 def _storage():

@@ -10,6 +10,7 @@ FAIL, once: the update only succeeds for the process that still finds the row ru
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -36,6 +37,11 @@ def heartbeat_s() -> float:
 def grace_s() -> float:
     """Silence longer than this is a lost worker: several missed heartbeats, not one slow write."""
     return 12 * heartbeat_s()
+
+
+def token() -> str:
+    """This process, as a run's owner: host, pid and a random part (pids are reused)."""
+    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
 
 
 def join(ledger: Ledger, run: Run, slot: Slot, role: str) -> Worker:

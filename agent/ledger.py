@@ -51,6 +51,9 @@ class Run(Base):
     noise: Mapped[float | None] = mapped_column(Float)     # pooled log-sd of TPS between instances of the defaults
     noise_df: Mapped[int | None] = mapped_column(Integer)  # its degrees of freedom
     calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON)   # greedy rule, tau, A/A verdict, engine defaults
+    # The coordinator that last took the run up (host/pid/token): a resume swaps it only if it still
+    # reads what that resume read, so of two hosts resuming at once one wins.
+    owner: Mapped[str | None] = mapped_column(String)
     trials: Mapped[list["Trial"]] = relationship(back_populates="run", order_by="Trial.number")
 
 

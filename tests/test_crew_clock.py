@@ -7,6 +7,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from agent import crew, recovery
@@ -65,3 +66,27 @@ def test_the_claim_a_resume_makes_on_a_silent_coordinators_heartbeat_has_one_win
     first = ledger.claim(Worker, gone.id, {"status": "running", "heartbeat_at": old}, status="lost")
     second = ledger.claim(Worker, gone.id, {"status": "running", "heartbeat_at": old}, status="lost")
     assert (first, second) == (True, False)
+
+
+def test_of_two_hosts_resuming_a_cleanly_stopped_run_at_once_one_goes_on(tmp_path, monkeypatch):
+    """A run stopped cleanly has no running coordinator row to claim: both hosts pass the heartbeat
+    check. The run's owner is swapped only where it still reads what the resume read, so the host whose
+    read came before the other's swap is refused (before, both went on)."""
+    import typer
+
+    from agent import cli
+
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    assert subprocess.run([sys.executable, str(HERE / "crash_run.py"), str(tmp_path), "s", "4"],
+                          capture_output=True, timeout=120).returncode == 0
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.update(ledger.run("s"), status="stopped")
+    assert not [w for w in ledger.workers("s") if w.status == "running"]
+    read_by_b = ledger.run("s")                    # host b reads the run ...
+    taken = cli._reopen(ledger, "s")               # ... host a resumes it meanwhile ...
+    assert taken.status == "running"
+    monkeypatch.setattr(ledger, "run", lambda run_id: read_by_b)   # ... and host b goes on from its read
+    with pytest.raises(typer.Exit) as refused:
+        cli._reopen(ledger, "s")
+    assert refused.value.exit_code == 1
+    assert Ledger(tmp_path / "ledger.sqlite").run("s").owner == taken.owner
