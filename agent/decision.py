@@ -8,11 +8,12 @@ import git
 
 from agent import budget, clock, gate, gitops, proposal
 from agent.context import RunContext, Seams
-from agent.defaults import CANDIDATES, goodput_start
+from agent.defaults import goodput_start
 from agent.gate import Baseline, GateSettings, MeasureFailed
 from agent.ledger import Trial
 from agent.recording import finish, measure, record
 from agent.stats import compare
+from agent.states import CANDIDATES
 from sandbox import result as results
 from sandbox.result import TrialResult
 
@@ -43,7 +44,7 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
     constraint = gate.constraint(verdict, result, settings.gate)
     rule = (base.calibration.rule + (f", tau {base.calibration.tau:.3f}" if base.calibration.rule == "calibrated"
                                      else "")) if row.lossless else "lossy: greedy outputs not required"
-    ledger.update(row, gate_passed=verdict.passed if result.ok else False,
+    ledger.transition(row, gate_passed=verdict.passed if result.ok else False,
                   gate_reasons=verdict.reasons, tps_ratio=verdict.tps_ratio, ppl_change=verdict.ppl_change,
                   agreement=verdict.agreement, kl=verdict.kl, flips=[f.as_dict() for f in verdict.flips] or None,
                   rule=rule, drift=base.drift, constraint=constraint,
@@ -107,12 +108,12 @@ def decide_passed(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, his
     put forward (a worker's), or, on the coordinator, decided on held-out prompts and branched."""
     settings, ledger = ctx.settings, seams.ledger
     if by := slower_than_branched(row, history, base, settings.gate):
-        ledger.update(row, gate_passed=False, decision="dominated", gate_reasons=[*(row.gate_reasons or []), by])
+        ledger.transition(row, gate_passed=False, decision="dominated", gate_reasons=[*(row.gate_reasons or []), by])
     elif not coordinator:
-        ledger.update(row, decision="put_forward")
+        ledger.transition(row, decision="put_forward")
     else:
         if settings.recheck and row.decision != "awaiting_recheck":   # a worker's, put forward
-            ledger.update(row, decision="awaiting_recheck")
+            ledger.transition(row, decision="awaiting_recheck")
         if held_out(ctx, seams, row, base, history) if settings.recheck else search_only(seams, row, settings.gate):
             branch(ctx, seams, row, base, history)
 
@@ -156,7 +157,7 @@ def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:
     need = 1 + settings.min_gain
     low, high = row.search_interval
     accepted = low > need
-    seams.ledger.update(row, gate_passed=accepted, decision="accepted" if accepted else "refused",
+    seams.ledger.transition(row, gate_passed=accepted, decision="accepted" if accepted else "refused",
                         gate_reasons=[f"search {row.tps_ratio:.3f}x [{low:.3f}, "
                                       f"{high:.3f}] {'clears' if accepted else 'does not clear'} {need:.3f}"])
     return accepted
@@ -218,14 +219,14 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
     try:
         first = instance(row, 1)
     except MeasureFailed as e:
-        ledger.update(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
+        ledger.transition(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
         return False
     first_s = times[0]
     decision = gate.decide(first, base, ctx.settings.gate, lambda: instance(row, next(counter)),
                            more_defaults, row.tps_ratio)
     c = decision.comparison
     values = sorted(decision.candidate)
-    ledger.update(row, heldout_instances=[round(x, 3) for x in decision.candidate],
+    ledger.transition(row, heldout_instances=[round(x, 3) for x in decision.candidate],
                   heldout_tps=round(values[len(values) // 2], 3), heldout_ratio=round(c.ratio, 4),
                   heldout_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=decision.accepted,
                   decision="accepted" if decision.accepted else "refused", gate_reasons=decision.reasons,
@@ -238,15 +239,15 @@ def branch(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: l
     worse on the run's SLO latencies: a dominated config is recorded as such, not branched."""
     ledger = seams.ledger
     if (by := dominated_by(row, history, base, ctx.settings.gate)) is not None:
-        ledger.update(row, decision="dominated", gate_reasons=[*row.gate_reasons, by])
+        ledger.transition(row, decision="dominated", gate_reasons=[*row.gate_reasons, by])
         return
     name = f"agent/{ctx.run.id}/{row.number}"
     try:
         commit = gitops.commit_branch(seams.repo, name, proposal.files(ctx.run, row), proposal.message(ctx.run, row))
-        ledger.update(row, branch=name, commit=commit)
+        ledger.transition(row, branch=name, commit=commit)
     except (gitops.RepoError, git.GitError, OSError) as e:
         # Stays accepted with no branch: `agent doctor` names it and the resume commits it (loop.settle).
-        ledger.update(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])
+        ledger.transition(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])
         seams.say("phase", number=row.number, phase=f"accepted, but its branch was not committed: {e}")
 
 

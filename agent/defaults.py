@@ -12,12 +12,10 @@ from agent.gate import Baseline, GateSettings, Instance
 from agent.ledger import Trial
 from agent.recording import measure, open_trial, record
 from agent.stats import compare
+from agent.states import CANDIDATES, DEFAULTS
 from sandbox import goodput
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
-# Rows that are instances of the engine defaults; "device": one on each further device of the run.
-DEFAULTS_SOURCES = ("baseline", "aa", "drift", "extra", "device")
-CANDIDATES = ("planner", "sampler")
 # More instances of a noisy host's defaults narrow every bound, but a run that spends its budget on
 # them tries little: on the H200 an 18-minute run spent 6 of its 16 minutes on three such instances
 # and had room for one held-out look at one candidate (docs/results.md, 2026-12-04). Past this share
@@ -65,7 +63,7 @@ def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
     corrected is left out of the noise: dividing it out leaves that instance no spread), and the
     held-out-only instances measured for decisions."""
     first, verdict = judged_aa(history, settings)
-    ok = [t for t in history if t.source in DEFAULTS_SOURCES and t.status == "ok"]
+    ok = [t for t in history if t.source in DEFAULTS and t.status == "ok"]
     # A further device's instance is one more draw of the defaults: the spread between devices becomes
     # part of the noise every candidate is judged with, whichever device it ran on (docs/scale-out.md).
     instances = [t for t in ok if t.source in ("baseline", "device") or (t.source == "drift" and t.drift == 1.0)]
@@ -98,7 +96,7 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
         history = ledger.trials(run.id)   # with any further device's instance that landed meanwhile
     first, verdict = judged_aa(history, settings.gate)
     if aa.decision is None:
-        ledger.update(aa, decision="aa-passed" if verdict.passed else "aa-failed", gate_passed=None,
+        ledger.transition(aa, decision="aa-passed" if verdict.passed else "aa-failed", gate_passed=None,
                       gate_reasons=[verdict.line], tps_ratio=round(verdict.speed.ratio, 4),
                       search_interval=[round(verdict.speed.low, 4), round(verdict.speed.high, 4)],
                       flips=[f.as_dict() for f in verdict.flips], rule=verdict.calibration.rule, constraint=0.0,
@@ -124,7 +122,7 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
         plan = None
     for t in history:
         if t.source == "baseline" and t.status == "ok":
-            ledger.update(t, tps_ratio=round(t.tps / base.tps, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
+            ledger.transition(t, tps_ratio=round(t.tps / base.tps, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
                           gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
     noise = base.measured_noise   # what this machine showed; the bounds add the space's prior (base.noise)
     ledger.update(run, baseline_tps=round(base.tps, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
@@ -177,7 +175,7 @@ def goodput_start(history: list[Trial]) -> float | None:
     """Where a later goodput search starts (sandbox.goodput.first_step): the defaults' goodput as their
     instances measured it so far, the geometric mean of their search figures. None before the first
     instance, or when the objective is not goodput (the spec then leaves the start to the profile)."""
-    found = [t.tps for t in history if t.source in DEFAULTS_SOURCES and t.status == "ok" and t.tps
+    found = [t.tps for t in history if t.source in DEFAULTS and t.status == "ok" and t.tps
              and (t.measured or {}).get("goodput")]
     return round(math.exp(sum(map(math.log, found)) / len(found)), 6) if found else None
 
@@ -199,7 +197,7 @@ def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> 
         failure = result.failure
         if clock.seconds_left(run.deadline_at) <= 1:   # cut by the deadline: the budget, not the defaults, fell short
             took = [t.timings.get("total_s", 0) for t in ledger.trials(run.id)
-                    if t.source in DEFAULTS_SOURCES and t.status == "ok"]
+                    if t.source in DEFAULTS and t.status == "ok"]
             per = f"; an instance took {max(took) / 60:.1f} min here" if took else ""
             raise BaselineFailed(f"the budget ended while the defaults were measured ({len(took)} instance(s) done{per}): "
                                  f"the baseline and the A/A check need {ctx.settings.baseline_instances + 1} before any "
@@ -234,7 +232,7 @@ def check_drift(ctx: RunContext, seams: Seams, base: Baseline) -> None:
     c = compare([row.tps], base.search, base.noise, ctx.settings.gate.level)
     moved = (c.low > 1 or c.high < 1) and abs(c.ratio - 1) > DRIFT_MIN
     drift = round(c.ratio, 4) if moved else 1.0
-    seams.ledger.update(row, drift=drift, tps_corrected=round(row.tps / drift, 3), tps_ratio=round(c.ratio, 4),
+    seams.ledger.transition(row, drift=drift, tps_corrected=round(row.tps / drift, 3), tps_ratio=round(c.ratio, 4),
                         search_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=None, decision="drift",
                         constraint=0.0,
                         gate_reasons=[f"drift check: defaults now at {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of "

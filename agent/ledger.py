@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine,
                         event, inspect, select, text, update)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, defer, mapped_column, relationship, sessionmaker
+
+from agent import states
 
 
 def utcnow() -> str:
@@ -307,7 +309,23 @@ class Ledger:
         with self.session() as s:
             return list(s.scalars(select(Worker).where(Worker.run_id == run_id).order_by(Worker.id)))
 
+    def transition(self, row: Trial, **values: Any) -> Trial:
+        """A trial's write: its status and decision only along the moves agent.states allows, and only
+        its own columns (a misspelt one is an error, not a value silently never saved)."""
+        for field in ("status", "decision"):
+            if field in values:
+                states.check_move(row.number, field, getattr(row, field), values[field])
+        return self._write(row, values)
+
     def update(self, row: Base, **values: Any) -> Base:
+        """A run's or a worker's write (a trial's goes through `transition`)."""
+        if isinstance(row, Trial):
+            raise TypeError("a trial is written through Ledger.transition")
+        return self._write(row, values)
+
+    def _write(self, row: Base, values: dict) -> Base:
+        if unknown := sorted(set(values) - set(row.__table__.columns.keys())):
+            raise ValueError(f"{row.__tablename__} has no column {unknown[0]!r}")
         with self.session.begin() as s:
             for key, value in values.items():
                 setattr(row, key, value)
@@ -331,7 +349,7 @@ class Ledger:
                 q = q.where(Trial.status == status)
             return list(s.scalars(q))
 
-    def history(self, run_id: str, whole: tuple[str, ...]) -> list[Trial]:
+    def history(self, run_id: str, whole: Collection[str]) -> list[Trial]:
         """A run's trials as a step of the loop reads them: greedy outputs and their top logprobs, most
         of a row's bytes, only on the rows whose source is in `whole` (the defaults' instances, which
         the gate compares with); reading them on another row raises rather than query again."""
@@ -340,7 +358,8 @@ class Ledger:
             rows = list(s.scalars(select(Trial).where(Trial.run_id == run_id).order_by(Trial.number)
                                   .options(*(defer(c, raiseload=True) for c in bulk))))
         with self.session() as s:
-            full = {t.id: t for t in s.scalars(select(Trial).where(Trial.run_id == run_id, Trial.source.in_(whole)))}
+            full = {t.id: t for t in s.scalars(select(Trial).where(Trial.run_id == run_id,
+                                                                  Trial.source.in_(sorted(whole))))}
         return [full.get(t.id, t) for t in rows]
 
     def trial(self, run_id: str, number: int) -> Trial | None:

@@ -19,7 +19,7 @@ from agent import budget, clock, crew, study as studies
 from agent.context import RunContext, Seams
 from agent.decision import (branch, decide_put_forward, judge_again, judge_candidate, put_forward, unbranched,
                             unjudged)
-from agent.defaults import (CANDIDATES, DEFAULTS_SOURCES, baseline_from, check_drift, drift_due, engine_defaults,
+from agent.defaults import (baseline_from, check_drift, drift_due, engine_defaults,
                             measure_baseline, run_defaults)
 from agent.gate import Baseline
 from agent.ledger import LearnedRule, Ledger, RangeChange, Run, Trial, Worker, utcnow
@@ -27,6 +27,7 @@ from agent.planner import BuiltinPlanner, Planner
 from agent.recording import Superseded, finish, open_trial
 from agent.screening import excluded, facts_for, learn, refusal_check
 from agent.space import Space
+from agent.states import CANDIDATES, DEFAULTS
 
 # After this many asks in a row that only repeat answered points, the space is spent.
 MAX_REPEATS_IN_A_ROW = 200
@@ -47,7 +48,7 @@ class Snapshot:
 
     @classmethod
     def read(cls, ctx: RunContext, ledger: Ledger) -> "Snapshot":
-        history = ledger.history(ctx.run.id, whole=DEFAULTS_SOURCES)
+        history = ledger.history(ctx.run.id, whole=DEFAULTS)
         return cls(history, ledger.learned_rules(ctx.run.id) if ctx.settings.preflight else [],
                    baseline_from(history, ctx.settings.gate), clock.seconds_left(ctx.run.deadline_at))
 
@@ -292,7 +293,7 @@ def expected_trial_s(history: list[Trial], heldout_points: int = 0) -> float:
                  for t in history if t.status in ("ok", "failed") and t.source in CANDIDATES]
     if durations:
         return max(durations)
-    defaults = [t for t in history if t.status == "ok" and t.source in DEFAULTS_SOURCES]
+    defaults = [t for t in history if t.status == "ok" and t.source in DEFAULTS]
     return budget.plan(defaults[-1].timings, 0, False, 0, 0,
                        heldout_share=share(defaults[-1]))["decided_in_s"] if defaults else 0.0
 

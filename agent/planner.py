@@ -21,6 +21,7 @@ from typing import Protocol
 
 from agent.ledger import Run, Trial
 from agent.space import Space
+from agent.states import DEFAULTS_ON_SEARCH
 from sandbox.metrics import share_above
 
 
@@ -113,7 +114,7 @@ def _tokens_per_step(share: float, k: int) -> float:
 
 def _defaults_repeat_share(history: list[Trial]) -> float | None:
     """The mean repeat share of the defaults' measured instances, or None if none measured it."""
-    shares = [t.measured["repeat_share"] for t in history if t.source in ("baseline", "aa", "drift", "device")
+    shares = [t.measured["repeat_share"] for t in history if t.source in DEFAULTS_ON_SEARCH
               and t.status == "ok" and (t.measured or {}).get("repeat_share") is not None]
     return sum(shares) / len(shares) if shares else None
 
@@ -221,7 +222,7 @@ def _slo_that_broke(history: list[Trial], facts: dict | None = None) -> tuple[st
     found = []
     slo = {k: v for k, v in ((facts or {}).get("slo") or {}).items() if v}
     for t in history:
-        if t.source not in ("baseline", "aa", "drift", "device") or t.status != "ok":
+        if t.source not in DEFAULTS_ON_SEARCH or t.status != "ok":
             continue
         g = (t.measured or {}).get("goodput") or {}
         if g.get("bounds"):

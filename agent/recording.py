@@ -3,9 +3,10 @@ what the worker found."""
 
 from __future__ import annotations
 
-from agent import clock
+from agent import clock, states
 from agent.context import RunContext, Seams
 from agent.ledger import Ledger, Trial, utcnow
+from agent.states import Status
 from agent.stats import interval
 from sandbox.result import TrialResult
 
@@ -68,6 +69,7 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
     if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`
         values["tps_interval"] = [round(x, 3) for x in interval(repeats)]
     # Only while the row is still running: a worker declared lost mid-trial finds it interrupted.
+    states.check_move(row.number, "status", Status.RUNNING, values["status"])
     if not ledger.claim(Trial, row.id, {"status": "running"}, **values):
         raise Superseded(f"trial {row.number}: recorded as interrupted by another process while it ran "
                          f"(this worker was silent past the grace); its result is dropped")
@@ -78,4 +80,4 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
 
 
 def finish(ledger: Ledger, row: Trial, **values) -> Trial:
-    return ledger.update(row, finished_at=utcnow(), **values)
+    return ledger.transition(row, finished_at=utcnow(), **values)

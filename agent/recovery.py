@@ -109,13 +109,13 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
         if t.status == "running" and t.worker_id in going:
             continue   # a worker on another host measures it now
         if t.status == "running":
-            ledger.update(t, status="interrupted", failure_class="interrupted", finished_at=utcnow(),
+            ledger.transition(t, status="interrupted", failure_class="interrupted", finished_at=utcnow(),
                           failure_message="the agent stopped while this trial was in flight")
             done.append(f"trial {t.number}: in flight at the crash, recorded as interrupted")
         elif t.decision == "awaiting_recheck" and not t.branch:
             # Passed on the search prompts, cut inside its held-out decision: not lost, but put forward
             # as a worker's candidate is, so the resumed coordinator decides it (a crash costs no candidate).
-            ledger.update(t, gate_passed=None, decision="put_forward", gate_reasons=[
+            ledger.transition(t, gate_passed=None, decision="put_forward", gate_reasons=[
                 *(t.gate_reasons or []), "interrupted during its held-out decision: decided again after the resume"])
             done.append(f"trial {t.number}: stopped during its held-out decision, put forward to be decided again")
     trials = ledger.trials(run.id)
@@ -152,7 +152,7 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
         for number, sha in _our_branches(repo, run).items():
             row = rows.get(number)
             if row is not None and row.branch is None and f"Agent-Trial: {number}" in repo.commit(sha).message:
-                ledger.update(row, branch=f"{gitops.PREFIX}{run.id}/{number}", commit=sha)
+                ledger.transition(row, branch=f"{gitops.PREFIX}{run.id}/{number}", commit=sha)
                 done.append(f"trial {number}: branch created just before the crash, recorded in the ledger")
     done += [f"trial {t.number}: accepted but not branched at the crash: branched after the resume"
              for t in decision.unbranched(ledger.trials(run.id))]

@@ -18,8 +18,8 @@ from agent.gate import unit
 from agent.ledger import LearnedRule, Run, Trial
 from agent.proposal import run_meter, traffic_line
 from agent.refusals import describe
+from agent.states import CANDIDATES
 
-CANDIDATES = ("planner", "sampler")   # every other source is an instance of the defaults (agent.defaults)
 
 SECTIONS = ["summary", "branches", "speed-over-time", "speed-vs-quality", "speed-vs-latency", "failures",
             "importance", "speed-only", "trials"]

@@ -10,10 +10,8 @@ from rich.table import Table
 from agent import budget, refusals
 from agent.gate import fmt_ms, geomean, unit
 from agent.ledger import LearnedRule, RangeChange, Run, Trial
+from agent.states import DEFAULTS_ON_SEARCH
 
-# The defaults' instances measured on the search prompts, whose latencies a candidate's are judged
-# against (agent.defaults.DEFAULTS_SOURCES less "extra": those measure the held-out prompts only).
-DEFAULTS_ON_SEARCH = ("baseline", "aa", "drift", "device")
 P99S = (("ttft_p99_ms", "TTFT"), ("itl_p99_ms", "ITL"))
 
 

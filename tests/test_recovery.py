@@ -256,7 +256,7 @@ def test_resume_refuses_unknown_and_finished_runs_an_edited_space_and_doctor_rep
     assert result.exit_code == 0 and "consistent" in result.stdout
     ledger = Ledger(tmp_path / "ledger.sqlite")
     accepted = next(t for t in ledger.trials("done") if t.branch)
-    ledger.update(accepted, commit="0" * 40)   # the ledger and git disagree
+    ledger.transition(accepted, commit="0" * 40)   # the ledger and git disagree
     result = runner.invoke(app, ["doctor", "--run", "done"])
     assert result.exit_code == 1 and f"trial {accepted.number}: the ledger names" in result.stdout
     # A stopped run whose space file (the user's own --space copy) was edited since it started.
@@ -300,24 +300,24 @@ class DiskFullLedger(Ledger):
         super().__init__(path)
         self.writes, self.n, self.gate_write = 0, n, None
 
-    def _write(self):
+    def _fail_past_n(self):
         import inspect
         import sqlite3
 
         from sqlalchemy.exc import OperationalError
 
         self.writes += 1
-        if self.gate_write is None and any(f.function == "judge" for f in inspect.stack()[2:6]):
+        if self.gate_write is None and any(f.function == "judge" for f in inspect.stack()[2:7]):
             self.gate_write = self.writes
         if self.writes > self.n:
             raise OperationalError("UPDATE trials", {}, sqlite3.OperationalError("database or disk is full"))
 
-    def update(self, row, **values):
-        self._write()
-        return super().update(row, **values)
+    def _write(self, row, values):
+        self._fail_past_n()
+        return super()._write(row, values)
 
     def claim(self, model, id_, expect, **values):
-        self._write()
+        self._fail_past_n()
         return super().claim(model, id_, expect, **values)
 
 
