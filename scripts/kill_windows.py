@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 def armed(window: str) -> None:
     """Inside the agent process: SIGKILL itself at the first entry into `window`."""
     from agent import decision, gitops
-    from agent.defaults import CANDIDATES
+    from agent.states import CANDIDATES
 
     def die(note: str) -> None:
         print(f"KILLED in window {window}: {note}", flush=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.ledger import Ledger  # noqa: E402
-from agent.defaults import CANDIDATES  # noqa: E402
+from agent.states import CANDIDATES  # noqa: E402
 
 
 def at(text: str | None) -> datetime | None:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent import decision, gitops, recovery, space as spaces, study as studies  # noqa: E402
-from agent.defaults import CANDIDATES  # noqa: E402
+from agent.states import CANDIDATES  # noqa: E402
 from agent.ledger import Ledger, Run  # noqa: E402
 from agent.context import RunContext, Seams, Settings  # noqa: E402
 from agent.loop import run_search  # noqa: E402
