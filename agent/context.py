@@ -68,15 +68,16 @@ def settings_of(run: Run) -> Settings:
     the facts are that host's: the caller replaces them."""
     o = run.settings or {}
     if "gate" not in o:
-        return _written_before_2026_12_03(o, run.workload)
+        return from_flat(o, run.workload)
     gate = GateSettings(**{**o["gate"], "noise_prior": Noise(**o["gate"]["noise_prior"])})
     kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o}
     return Settings(**{**kept, "gate": gate, "home": Path(o["home"]) if o.get("home") else None})
 
 
-def _written_before_2026_12_03(o: dict, workload: str) -> Settings:
-    """A run row written before the settings were stored as used: flat options, the workload under
-    `workload_spec`, the prior as [sd, df]; a run older still lacks the newer ones: their defaults."""
+def from_flat(o: dict, workload: str) -> Settings:
+    """Settings kept without the stored gate: `agent run`'s flat options as rows before 2026-12-03 held
+    them (the workload under `workload_spec`, the prior as [sd, df]; agent.migrations.m003 rewrites
+    those when the ledger is opened), or the few a test's or script's row gives; the rest at their defaults."""
     gate = GateSettings(**{f.name: o[f.name] for f in fields(GateSettings) if f.name in o and f.name != "noise_prior"},
                         **({"noise_prior": Noise(*o["noise_prior"])} if "noise_prior" in o else {}))
     kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o and f.name not in ("model", "workload", "gate",

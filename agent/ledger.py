@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, defer, mapped_column, relationship, sessionmaker
 
-from agent import states
+from agent import migrations, states
 
 
 def utcnow() -> str:
@@ -28,6 +28,13 @@ def utcnow() -> str:
 
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Migration(Base):
+    """A schema change this ledger has had (agent.migrations), by name."""
+    __tablename__ = "migrations"
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    applied_at: Mapped[str] = mapped_column(String, default=utcnow)
 
 
 class Run(Base):
@@ -256,20 +263,10 @@ class Ledger:
                 cur.execute("PRAGMA foreign_keys=ON")
                 cur.close()
 
-        Base.metadata.create_all(self.engine)
-        self._add_new_columns()
+        fresh = not inspect(self.engine).has_table("runs")
+        Base.metadata.create_all(self.engine)   # a fresh ledger whole; an older one gains its new tables
+        self.migrated = migrations.apply(self.engine, fresh, Base.metadata.tables, Migration.__table__)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
-
-    def _add_new_columns(self) -> None:
-        """A ledger written by an older agent gains the columns added since (all nullable), keeping its rows."""
-        have = inspect(self.engine)
-        with self.engine.begin() as conn:
-            for table in Base.metadata.sorted_tables:
-                present = {c["name"] for c in have.get_columns(table.name)}
-                for column in table.columns:
-                    if column.name not in present:
-                        kind = column.type.compile(self.engine.dialect)
-                        conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'))
 
     def add(self, row: Base) -> Base:
         with self.session.begin() as s:

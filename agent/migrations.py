@@ -1,0 +1,86 @@
+"""The ledger's schema changes, named and applied once each, in order (as simonw/llm's migrations):
+the `migrations` table lists the ones a ledger has had. A ledger created today has the whole schema
+and every name recorded; one written by an older agent (tests/data/ledgers holds one from each commit
+that changed the schema) gets the ones it lacks when it is opened, each in its own transaction.
+
+A new column or a change of what a column holds is a new function at the end of MIGRATIONS; never
+edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Connection, inspect, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+MIGRATIONS: list[Callable[[Connection], None]] = []
+
+
+def migration(fn: Callable[[Connection], None]) -> Callable[[Connection], None]:
+    MIGRATIONS.append(fn)
+    return fn
+
+
+def apply(engine, fresh: bool, tables: dict, record) -> list[str]:
+    """Each migration the ledger has not had: run (not on a fresh ledger, created whole) and recorded
+    in one transaction, so two processes opening one ledger apply it once. The names applied now."""
+    done = []
+    for fn in MIGRATIONS:
+        try:
+            with engine.begin() as conn:
+                if conn.execute(select(record.c.name).where(record.c.name == fn.__name__)).first():
+                    continue
+                conn.execute(record.insert().values(name=fn.__name__))   # the claim: a second opener waits, then finds it
+                if not fresh:
+                    fn(conn, tables)
+            done.append(fn.__name__)
+        except IntegrityError:   # another process recorded it between our read and our insert
+            continue
+    return done
+
+
+def _add_missing(conn: Connection, table, names: list[str]) -> None:
+    have = {c["name"] for c in inspect(conn).get_columns(table.name)}
+    for name in names:
+        if name not in have:
+            kind = table.c[name].type.compile(conn.dialect)
+            conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{name}" {kind}'))
+
+
+@migration
+def m001_columns_added_before_names(conn: Connection, tables: dict) -> None:
+    """The columns added between the first ledger (2026-11-29) and named migrations (2026-12-06),
+    which the ledger's opening added, unnamed, where they were missing."""
+    _add_missing(conn, tables["runs"], ["model_revision", "noise_df", "calibration"])
+    _add_missing(conn, tables["trials"], [
+        "failure_cause", "failed_phase", "tps_interval", "drift", "tps_corrected", "heldout_tps", "heldout_ratio",
+        "heldout_instances", "heldout_interval", "search_interval", "greedy", "top_logprobs", "kl", "flips", "rule",
+        "decision", "constraint", "measured", "worker_id"])
+
+
+@migration
+def m002_run_owner(conn: Connection, tables: dict) -> None:
+    """runs.owner: the coordinator that last took the run up, for one resume to win (2026-12-06)."""
+    _add_missing(conn, tables["runs"], ["owner"])
+
+
+@migration
+def m003_settings_as_used(conn: Connection, tables: dict) -> None:
+    """Run rows written before 2026-12-03 kept `agent run`'s options flat (the workload under
+    `workload_spec`, the noise prior as [sd, df]); rewritten as the Settings dataclass a run stores
+    now, the newer settings at their defaults, so one reader serves every run."""
+    from dataclasses import fields
+
+    from agent.context import from_flat, stored
+    from agent.gate import GateSettings
+
+    moved = {f.name for f in fields(GateSettings)} | {"workload_spec"}   # held under gate, or as workload
+    runs = tables["runs"]
+    for id_, settings, workload in conn.execute(select(runs.c.id, runs.c.settings, runs.c.workload)).all():
+        settings = settings or {}
+        if "gate" not in settings:
+            kept = {k: v for k, v in settings.items() if k not in moved}
+            conn.execute(update(runs).where(runs.c.id == id_).values(
+                settings={**kept, **stored(from_flat(settings, workload))}))
+
