@@ -38,3 +38,18 @@ def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("AGENT_NO_SKIPS") == "1" and skipped and session.exitstatus == 0:
         print(f"\n{skipped} test(s) skipped with AGENT_NO_SKIPS=1: failing the session (see the -ra summary)")
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A private PostgreSQL server for the whole session (tests/postgres.py). Missing binaries fail the
+    test that needs it: the ledger suite is one suite on both databases, not SQLite where PostgreSQL is
+    missing (.ci/run installs Debian's postgresql package)."""
+    from postgres import Postgres, binaries
+
+    found = binaries()
+    if found is None:
+        pytest.fail("no PostgreSQL binaries: install Debian's postgresql package (.ci/run does)")
+    server = Postgres(found)
+    yield server
+    server.close()

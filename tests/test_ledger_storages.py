@@ -1,0 +1,88 @@
+"""One ledger suite on both databases the agent writes to: SQLite (a run on one host) and PostgreSQL
+(a run shared by hosts), as Optuna runs its storage tests on each of its storages. Every behaviour
+the loop counts on from the ledger: numbering under contention, the one-winner claim, the
+lifecycle's moves, the database's clock, JSON columns, the bulk columns read on demand, migrations."""
+
+import re
+import threading
+
+import pytest
+from sqlalchemy.exc import InvalidRequestError
+from sqlalchemy.orm.exc import DetachedInstanceError
+
+from agent import migrations, storage
+from agent.ledger import Ledger, Run, Trial, Worker
+from agent.states import BadMove
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger(request, tmp_path):
+    if request.param == "sqlite":
+        url = tmp_path / "ledger.sqlite"
+    else:
+        url = storage.resolve(request.getfixturevalue("postgres_server").new_database(), tmp_path).ledger_url
+    ledger = Ledger(url)
+    ledger.add(Run(id="r", deadline_at="2099-01-01T00:00:00+00:00", model="m", space_path="s", space_hash="h",
+                   workload="w", repo="", settings={"home": "/h", "nested": {"a": [1, 2.5, None]}}))
+    return ledger
+
+
+def test_a_fresh_ledger_has_every_migration_and_reopening_applies_none(ledger):
+    again = Ledger(ledger.path if ledger.sqlite else ledger.engine.url.render_as_string(hide_password=False))
+    assert again.migrated == [] and len(migrations.MIGRATIONS) >= 3
+
+
+def test_json_columns_and_the_run_read_back_as_written(ledger):
+    run = ledger.run("r")
+    assert run.settings == {"home": "/h", "nested": {"a": [1, 2.5, None]}} and run.status == "running"
+
+
+def test_trial_numbers_stay_unique_when_several_writers_take_them_at_once(ledger):
+    numbers, errors = [], []
+
+    def take():
+        try:
+            for _ in range(5):
+                numbers.append(ledger.add_trial(Trial(run_id="r", source="sampler", params={})).number)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and sorted(numbers) == list(range(20))
+
+
+def test_a_claim_has_one_winner_and_a_null_is_matched_as_null(ledger):
+    w = ledger.add(Worker(run_id="r", name="h/0", host="h", pid=1, slot=0, device="cpu", role="worker",
+                          heartbeat_at=ledger.now()))
+    assert [ledger.claim(Worker, w.id, {"status": "running"}, status="lost") for _ in range(2)] == [True, False]
+    assert ledger.claim(Run, "r", {"owner": None}, owner="a") and not ledger.claim(Run, "r", {"owner": None}, owner="b")
+    assert ledger.run("r").owner == "a"
+
+
+def test_the_lifecycle_and_the_columns_are_checked_on_both(ledger):
+    row = ledger.add_trial(Trial(run_id="r", source="planner", params={}))
+    ledger.transition(row, status="ok", tps=12.5, measured={"ttft_ms": {"p99": 80.0}})
+    with pytest.raises(BadMove):
+        ledger.transition(row, status="running")
+    with pytest.raises(ValueError, match="no column"):
+        ledger.transition(row, tsp=1.0)
+    (back,) = ledger.trials("r")
+    assert (back.status, back.tps, back.measured) == ("ok", 12.5, {"ttft_ms": {"p99": 80.0}})
+
+
+def test_the_clock_is_the_databases_in_one_form(ledger):
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", ledger.now())
+
+
+def test_history_reads_the_bulk_columns_only_where_asked(ledger):
+    for source in ("baseline", "planner"):
+        row = ledger.add_trial(Trial(run_id="r", source=source, params={}))
+        ledger.transition(row, status="ok", greedy=[[1, 2, 3]])
+    base, cand = ledger.history("r", whole={"baseline"})
+    assert base.greedy == [[1, 2, 3]]
+    with pytest.raises((InvalidRequestError, DetachedInstanceError)):   # never a silent second query
+        cand.greedy
