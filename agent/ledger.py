@@ -295,12 +295,16 @@ class Ledger:
         with self.session() as s:
             return s.execute(text(sql)).scalar_one() + "+00:00"
 
-    def claim(self, model: type[Base], id_: int, expect: dict, **values: Any) -> bool:
+    def claim(self, model: type[Base], id_: int, expect: dict, repeats: list[float] = (), **values: Any) -> bool:
         """Update one row only if its columns still hold `expect`: True for the one writer that did it
-        (how a lost worker's trial is recorded as interrupted once, whoever notices)."""
+        (how a lost worker's trial is recorded as interrupted once, whoever notices). With `repeats`
+        (a trial's): its own server's measured phases, in the same transaction."""
         with self.session.begin() as s:
             q = update(model).where(model.id == id_, *(getattr(model, k) == v for k, v in expect.items()))
-            return s.execute(q.values(**values)).rowcount == 1
+            if s.execute(q.values(**values)).rowcount != 1:
+                return False
+            s.add_all(Repeat(trial_id=id_, instance=0, tps=x) for x in repeats)
+            return True
 
     def workers(self, run_id: str) -> list[Worker]:
         with self.session() as s:

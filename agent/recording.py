@@ -70,10 +70,10 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
         values["tps_interval"] = [round(x, 3) for x in interval(repeats)]
     # Only while the row is still running: a worker declared lost mid-trial finds it interrupted.
     states.check_move(row.number, "status", Status.RUNNING, values["status"])
-    if not ledger.claim(Trial, row.id, {"status": "running"}, **values):
+    # The figures and the phases behind them in one transaction: a crash leaves both or neither.
+    if not ledger.claim(Trial, row.id, {"status": "running"}, repeats=bench.repeats_tps if bench else [], **values):
         raise Superseded(f"trial {row.number}: recorded as interrupted by another process while it ran "
                          f"(this worker was silent past the grace); its result is dropped")
-    ledger.add_repeats(row.id, 0, bench.repeats_tps if bench else [])
     for key, value in values.items():   # the row in memory as written: no read back
         setattr(row, key, value)
     return row
