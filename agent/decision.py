@@ -19,9 +19,10 @@ from sandbox.result import TrialResult
 
 
 def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
-                    coordinator: bool = True) -> None:
-    """Run one candidate, gate it, decide it, branch it if accepted: all of it in its ledger row. A
-    worker (coordinator False) stops at the gate: what passes is put forward to the coordinator."""
+                    coordinator: bool = True) -> Trial:
+    """Run one candidate, gate it, decide it, branch it if accepted: all of it in its ledger row, which
+    is returned as written. A worker (coordinator False) stops at the gate: what passes is put forward
+    to the coordinator."""
     settings, ledger = ctx.settings, seams.ledger
     start = goodput_start(history)   # under goodput: the search starts at the defaults' figure
     result = measure(ctx, seams, row, max(clock.seconds_left(ctx.run.deadline_at), 1),
@@ -29,17 +30,16 @@ def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, h
                      quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None,
                      **({"goodput_start": start} if start else {}))
     row = record(ledger, row, result)
-    judge(ctx, seams, row, result, base, history, coordinator)
+    return judge(ctx, seams, row, result, base, history, coordinator)
 
 
 def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: Baseline, history: list[Trial],
-          coordinator: bool = True) -> None:
+          coordinator: bool = True) -> Trial:
     """A recorded candidate through the gate and on to its decision (after a crash between the two
     writes, from the result its worker wrote: judge_again)."""
     settings, ledger = ctx.settings, seams.ledger
     if result.status == "pruned" or result.quality_skipped:
-        cut_short(seams, row, result, base)
-        return
+        return cut_short(seams, row, result, base)
     verdict = gate.check(result, base, row.lossless, settings.gate)
     constraint = gate.constraint(verdict, result, settings.gate)
     rule = (base.calibration.rule + (f", tau {base.calibration.tau:.3f}" if base.calibration.rule == "calibrated"
@@ -55,6 +55,7 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
     if result.ok and verdict.passed:
         decide_passed(ctx, seams, row, base, history, coordinator)
     seams.say("result", number=row.number, row=row)
+    return row
 
 
 def unjudged(history: list[Trial]) -> list[Trial]:
@@ -83,8 +84,7 @@ def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, histo
                       failure_message=f"cut between its measurement and its gate, and its result cannot be "
                                       f"read ({why}): measured again")
     seams.say("phase", number=row.number, phase="judged from its recorded result after a crash cut its gate")
-    judge(ctx, seams, row, result, base, history)
-    return row
+    return judge(ctx, seams, row, result, base, history)
 
 
 def put_forward(history: list[Trial]) -> Trial | None:
@@ -132,7 +132,7 @@ def defaults_like(history: list[Trial], heldout_points: int = 0) -> Trial:
     return max(ran[1:] or ran, key=lambda t: heldout_s(t, heldout_points))
 
 
-def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> None:
+def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> Trial:
     """A candidate measured only for speed: its benchmark stopped because it could not reach the
     defaults (`pruned`; Optuna hears PRUNED with the partial ratio), or run to the end but not faster
     than them (`speed-only`: no quality verdict could change the outcome). Feasible for Optuna, no
@@ -150,6 +150,7 @@ def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> 
     row = finish(seams.ledger, row, tps_ratio=ratio, gate_passed=False, decision=decision, constraint=0.0,
                  drift=base.drift, tps_corrected=round(row.tps / base.drift, 3), gate_reasons=[why])
     seams.say("result", number=row.number, row=row)
+    return row
 
 
 def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:

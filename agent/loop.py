@@ -166,7 +166,7 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
         say("result", number=row.number, row=row)
     else:
         try:
-            judge_candidate(ctx, seams, row, now.base, now.history, coordinator=coordinator)
+            row = judge_candidate(ctx, seams, row, now.base, now.history, coordinator=coordinator)
         except Superseded as e:   # recorded and told FAIL by whoever declared us lost: nothing more to do
             say("superseded", line=str(e))
             return True

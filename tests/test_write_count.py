@@ -28,8 +28,9 @@ def test_the_ledger_writes_per_candidate_do_not_grow(tmp_path, monkeypatch):
 
     def counting(ctx, seams, row, *args, **kwargs):
         before = len(commits) - 1   # the row's opening, just before
-        judge(ctx, seams, row, *args, **kwargs)
+        row = judge(ctx, seams, row, *args, **kwargs)
         counted.append((row.decision, len(commits) - before))
+        return row
 
     monkeypatch.setattr(loop, "judge_candidate", counting)
     space = spaces.load("vllm-cpu")
