@@ -85,4 +85,4 @@ def test_history_reads_the_bulk_columns_only_where_asked(ledger):
     base, cand = ledger.history("r", whole={"baseline"})
     assert base.greedy == [[1, 2, 3]]
     with pytest.raises((InvalidRequestError, DetachedInstanceError)):   # never a silent second query
-        cand.greedy
+        _ = cand.greedy

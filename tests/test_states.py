@@ -5,7 +5,7 @@ import pytest
 
 from agent import states
 from agent.ledger import Ledger, Run, Trial
-from agent.states import BadMove, Decision, Source, Status
+from agent.states import Decision, Source, Status
 
 
 @pytest.fixture
