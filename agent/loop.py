@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from agent import budget, clock, crew, study as studies
+from agent import budget, clock, crew, study as studies, views
 from agent.context import RunContext, Seams
 from agent.decision import (branch, decide_put_forward, judge_again, judge_candidate, put_forward, unbranched,
                             unjudged)
@@ -91,8 +91,10 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
             study.enqueue_trial(cut.params, user_attrs={"source": cut.source, "knobs": list(cut.params), "rationale":
                                                         f"trial {cut.number} was cut by a crash before it was measured"})
         if since_planner >= settings.sampler_per_planner and not studies.waiting(study):
-            studies.enqueue(study, planner.propose(ctx.space, ctx.run, now.history, facts_for(settings.facts, now.rules), k=1))
-            sampler_space = narrow(sampler_space, planner, now.history, ctx.run, seams)
+            seen_by_planner = views.trials(now.history)   # frozen copies: a planner reads, never writes
+            studies.enqueue(study, planner.propose(ctx.space, views.run(ctx.run), seen_by_planner,
+                                                   facts_for(settings.facts, now.rules), k=1))
+            sampler_space = narrow(sampler_space, planner, seen_by_planner, ctx.run, seams)
         if not studies.waiting(study) and (first := next_near(near, seen, sampler_space)):
             study.enqueue_trial(first, user_attrs={"source": "sampler", "knobs": list(first), "rationale":
                                                    "one knob changed from the engine's defaults"})

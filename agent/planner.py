@@ -46,7 +46,8 @@ class Planner(Protocol):
     name: str
 
     def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
-        """Up to k proposals, valid points of space, none already tried in history."""
+        """Up to k proposals, valid points of space, none already tried in history. The loop hands the
+        run and its trials as frozen copies (agent.views): a planner reads them, never writes."""
         ...
 
     def narrow(self, space: Space, history: list[Trial]) -> list[Narrowing]:

@@ -1,0 +1,54 @@
+"""Planners get frozen copies of the run and its trials (agent.views): a planner that writes to what it
+was handed fails at once, and nothing it changes inside a copied value reaches the ledger's rows."""
+
+from dataclasses import FrozenInstanceError
+
+import pytest
+
+from agent import views
+from agent.ledger import Ledger, Run, Trial
+
+
+def test_a_view_reads_as_the_row_and_cannot_write_it(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.add(Run(id="r", deadline_at="2099-01-01T00:00:00+00:00", model="m", space_path="s", space_hash="h",
+                   workload="w", repo=""))
+    row = ledger.add_trial(Trial(run_id="r", source="baseline", params={"max-num-seqs": 8}))
+    ledger.transition(row, status="ok", tps=10.0, measured={"ttft_ms": {"p99": 5.0}}, greedy=[[1]])
+    ledger.add_trial(Trial(run_id="r", source="planner", params={}))
+    base, cand = views.trials(ledger.history("r", whole={"baseline"}))
+    assert (base.status, base.tps, base.params, base.greedy) == ("ok", 10.0, {"max-num-seqs": 8}, [[1]])
+    assert cand.greedy is None   # not loaded on a candidate's row: None in its view, no second query
+    with pytest.raises(FrozenInstanceError):
+        base.status = "failed"
+    base.params["max-num-seqs"] = 512
+    base.measured["ttft_ms"]["p99"] = 0.0
+    (again, _) = ledger.trials("r")
+    assert again.params == {"max-num-seqs": 8} and again.measured == {"ttft_ms": {"p99": 5.0}}
+    assert views.run(ledger.run("r")).id == "r"
+
+
+def test_the_loop_hands_its_planner_views(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from agent import gitops, space as spaces
+    from agent.context import RunContext, Seams, Settings
+    from agent.loop import run_search
+    from agent.planner import BuiltinPlanner
+    from fake_engine import FakeEngine
+
+    handed = []
+
+    class Recording(BuiltinPlanner):
+        def propose(self, space, run, history, facts, k):
+            handed.append((type(run).__name__, {type(t).__name__ for t in history}))
+            return super().propose(space, run, history, facts, k)
+
+    ledger, space = Ledger(tmp_path / "l.sqlite"), spaces.load("vllm-cpu")
+    run = ledger.add(Run(id="x", deadline_at=(datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(), model="m",
+                         space_path=space.path, space_hash=space.hash, workload="smoke", repo="",
+                         settings={"home": str(tmp_path)}))
+    run_search(RunContext(run, Settings(model="m", workload="smoke", max_trials=3), space),
+               Seams(ledger, FakeEngine(), gitops.open_repo(tmp_path / "p", create=True)),
+               f"sqlite:///{tmp_path / 'o.sqlite'}", planner=Recording())
+    assert handed and all(kind == ("RunView", {"TrialView"}) for kind in handed), handed
