@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from agent import study as studies
+from agent import states, study as studies
 from agent.devices import Slot
 from agent.engine import reap, worker_env
 from agent.ledger import Ledger, Run, Trial, Worker, utcnow
@@ -143,7 +143,6 @@ def interrupt(ledger: Ledger, t: Trial, study: studies.Study | None, home: Path 
     return done
 
 
-FINISHED = ("ok", "failed", "skipped", "pruned")
 
 
 def settle(ledger: Ledger, run: Run, study: studies.Study | None, me: Worker) -> list[str]:
@@ -154,7 +153,7 @@ def settle(ledger: Ledger, run: Run, study: studies.Study | None, me: Worker) ->
     done = []
     running = {ft.number for ft in studies.running(study)}
     for t in ledger.trials(run.id):
-        if t.worker_id == me.id and t.optuna_number in running and t.status in FINISHED:
+        if t.worker_id == me.id and t.optuna_number in running and t.status in states.FINISHED:
             studies.tell_row(study, t.optuna_number, t)
             done.append(f"optuna trial {t.optuna_number}: told what trial {t.number} recorded")
     return done

@@ -9,6 +9,7 @@ reader never blocks the run that writes and several local workers wait for each 
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Collection
@@ -16,7 +17,7 @@ from typing import Any, Collection
 from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine,
                         event, inspect, select, text, update)
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, defer, mapped_column, relationship, sessionmaker
 
 from agent import migrations, states
@@ -264,9 +265,21 @@ class Ledger:
                 cur.close()
 
         fresh = not inspect(self.engine).has_table("runs")
-        Base.metadata.create_all(self.engine)   # a fresh ledger whole; an older one gains its new tables
+        self._create_tables()
         self.migrated = migrations.apply(self.engine, fresh, Base.metadata.tables, Migration.__table__)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _create_tables(self) -> None:
+        """A fresh ledger whole; an older one gains its new tables. create_all checks, then creates:
+        a second process opening the same ledger at that moment finds the table made, and looks again."""
+        for attempt in range(5):
+            try:
+                Base.metadata.create_all(self.engine)
+                return
+            except (OperationalError, IntegrityError, ProgrammingError) as e:
+                if attempt == 4 or "exist" not in str(e).lower() and "duplicate" not in str(e).lower():
+                    raise
+                time.sleep(0.05 * (attempt + 1))
 
     def add(self, row: Base) -> Base:
         with self.session.begin() as s:
@@ -295,28 +308,50 @@ class Ledger:
         with self.session() as s:
             return s.execute(text(sql)).scalar_one() + "+00:00"
 
-    def claim(self, model: type[Base], id_: int, expect: dict, repeats: list[float] = (), **values: Any) -> bool:
+    def claim(self, model: type[Base], id_: int, expect: dict, **values: Any) -> bool:
         """Update one row only if its columns still hold `expect`: True for the one writer that did it
-        (how a lost worker's trial is recorded as interrupted once, whoever notices). With `repeats`
-        (a trial's): its own server's measured phases, in the same transaction."""
+        (how a lost worker's trial is recorded as interrupted once, whoever notices)."""
+        for field in ("status", "decision") if model is Trial else ():
+            if field in values and field in expect:
+                states.check_move(None, field, expect[field], values[field])
         with self.session.begin() as s:
             q = update(model).where(model.id == id_, *(getattr(model, k) == v for k, v in expect.items()))
+            return s.execute(q.values(**values)).rowcount == 1
+
+    def record_result(self, row: Trial, repeats: list[float], **values: Any) -> bool:
+        """A running trial's result: its figures and its server's measured phases in one transaction
+        (a crash leaves both or neither); False where another process recorded it as interrupted first."""
+        states.check_move(row.number, "status", states.Status.RUNNING, values["status"])
+        with self.session.begin() as s:
+            q = update(Trial).where(Trial.id == row.id, Trial.status == states.Status.RUNNING)
             if s.execute(q.values(**values)).rowcount != 1:
                 return False
-            s.add_all(Repeat(trial_id=id_, instance=0, tps=x) for x in repeats)
-            return True
+            s.add_all(Repeat(trial_id=row.id, instance=0, tps=x) for x in repeats)
+        for key, value in values.items():   # the row in memory as written: no read back
+            setattr(row, key, value)
+        return True
 
     def workers(self, run_id: str) -> list[Worker]:
         with self.session() as s:
             return list(s.scalars(select(Worker).where(Worker.run_id == run_id).order_by(Worker.id)))
 
     def transition(self, row: Trial, **values: Any) -> Trial:
-        """A trial's write: its status and decision only along the moves agent.states allows, and only
-        its own columns (a misspelt one is an error, not a value silently never saved)."""
+        """A trial's write: its status and decision only along the moves agent.states allows, from the
+        ones the database still holds (a move another process made since `row` was read raises
+        Superseded, and this write is dropped), and only the given columns, each a column of the
+        table (a misspelt one is an error, not a value silently never saved)."""
+        self._columns(row, values)
         for field in ("status", "decision"):
             if field in values:
                 states.check_move(row.number, field, getattr(row, field), values[field])
-        return self._write(row, values)
+        with self.session.begin() as s:
+            q = update(Trial).where(Trial.id == row.id, Trial.status == row.status, Trial.decision == row.decision)
+            if s.execute(q.values(**values)).rowcount != 1:
+                raise states.Superseded(f"trial {row.number}: moved by another process since it was read (it was "
+                                        f"{row.status}, decision {row.decision}); this write is dropped")
+        for key, value in values.items():
+            setattr(row, key, value)
+        return row
 
     def update(self, row: Base, **values: Any) -> Base:
         """A run's or a worker's write (a trial's goes through `transition`)."""
@@ -324,9 +359,13 @@ class Ledger:
             raise TypeError("a trial is written through Ledger.transition")
         return self._write(row, values)
 
-    def _write(self, row: Base, values: dict) -> Base:
+    @staticmethod
+    def _columns(row: Base, values: dict) -> None:
         if unknown := sorted(set(values) - set(row.__table__.columns.keys())):
             raise ValueError(f"{row.__tablename__} has no column {unknown[0]!r}")
+
+    def _write(self, row: Base, values: dict) -> Base:
+        self._columns(row, values)
         with self.session.begin() as s:
             for key, value in values.items():
                 setattr(row, key, value)

@@ -3,17 +3,12 @@ what the worker found."""
 
 from __future__ import annotations
 
-from agent import clock, states
+from agent import clock
 from agent.context import RunContext, Seams
 from agent.ledger import Ledger, Trial, utcnow
-from agent.states import Status
+from agent.states import Superseded
 from agent.stats import interval
 from sandbox.result import TrialResult
-
-
-class Superseded(RuntimeError):
-    """Another process recorded this trial as interrupted while it ran: this worker had been declared
-    lost (silent past the grace). Its result is dropped, so the trial stays recorded once."""
 
 
 def open_trial(ctx: RunContext, ledger: Ledger, point: dict, source: str,
@@ -69,13 +64,10 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
     if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`
         values["tps_interval"] = [round(x, 3) for x in interval(repeats)]
     # Only while the row is still running: a worker declared lost mid-trial finds it interrupted.
-    states.check_move(row.number, "status", Status.RUNNING, values["status"])
     # The figures and the phases behind them in one transaction: a crash leaves both or neither.
-    if not ledger.claim(Trial, row.id, {"status": "running"}, repeats=bench.repeats_tps if bench else [], **values):
+    if not ledger.record_result(row, bench.repeats_tps if bench else [], **values):
         raise Superseded(f"trial {row.number}: recorded as interrupted by another process while it ran "
                          f"(this worker was silent past the grace); its result is dropped")
-    for key, value in values.items():   # the row in memory as written: no read back
-        setattr(row, key, value)
     return row
 
 

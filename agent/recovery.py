@@ -27,7 +27,7 @@ import socket
 import git
 import psutil
 
-from agent import crew, decision, gitops, study as studies
+from agent import crew, decision, gitops, states, study as studies
 from agent.engine import reap, trial_processes
 from agent.ledger import Ledger, Run, Worker, utcnow
 
@@ -126,7 +126,7 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
     done += [f"trial {t.number}: measured but not judged at the crash: judged from its recorded result "
              f"after the resume" for t in cut]
     finished = {t.optuna_number: t for t in trials
-                if t.optuna_number is not None and t.status in crew.FINISHED and t.optuna_number not in later}
+                if t.optuna_number is not None and t.status in states.FINISHED and t.optuna_number not in later}
     # A live worker on another host still measures these: their Optuna trials are its to tell.
     theirs = {t.optuna_number for t in trials if t.status == "running" and t.worker_id in going}
     # The constraint Optuna records is the one the loop computed and stored in the ledger.

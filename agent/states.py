@@ -80,11 +80,16 @@ _FIRST = frozenset(Decision)
 DECISION_MOVES = {
     None: _FIRST,
     Decision.AWAITING_RECHECK: frozenset({Decision.ACCEPTED, Decision.REFUSED, Decision.DOMINATED,
-                                          Decision.PUT_FORWARD, Decision.FAILED}),
+                                          Decision.PUT_FORWARD}),
     Decision.PUT_FORWARD: frozenset({Decision.AWAITING_RECHECK, Decision.ACCEPTED, Decision.REFUSED,
-                                     Decision.DOMINATED, Decision.FAILED}),
+                                     Decision.DOMINATED}),
     Decision.ACCEPTED: frozenset({Decision.DOMINATED}),
 }
+
+
+class Superseded(RuntimeError):
+    """Another process moved this trial since this one read it (a worker declared lost, its trial
+    recorded as interrupted): this process's write is dropped, so the trial stays recorded once."""
 
 
 class BadMove(ValueError):

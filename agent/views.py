@@ -1,20 +1,25 @@
 """Frozen views of a run and its trials for the readers that must never write them (the planners):
 each column's value as the row holds it, copied, on a frozen dataclass, as Optuna hands a sampler a
-FrozenTrial rather than its storage's row. A column the row did not load (a trial's greedy outputs,
-read only on the defaults' rows) is None in its view."""
+FrozenTrial rather than its storage's row. A trial's greedy outputs and top logprobs (most of a
+row's bytes, read only on the defaults' rows, for the gate) are not in its view."""
 
 from __future__ import annotations
 
 import copy
 from dataclasses import make_dataclass
 
-from sqlalchemy import inspect
-
 from agent.ledger import Base, Run, Trial
 
 
+BULK = {"greedy", "top_logprobs"}
+
+
+def _columns(model: type[Base]) -> list[str]:
+    return [c for c in model.__table__.columns.keys() if c not in BULK]
+
+
 def _frozen(model: type[Base], name: str) -> type:
-    return make_dataclass(name, [(c, object, None) for c in model.__table__.columns.keys()], frozen=True,
+    return make_dataclass(name, [(c, object) for c in _columns(model)], frozen=True,
                           namespace={"__doc__": f"A {model.__name__} row as it was read: no write reaches the ledger."})
 
 
@@ -23,8 +28,7 @@ RunView = _frozen(Run, "RunView")
 
 
 def _view(kind: type, row: Base):
-    unloaded = inspect(row).unloaded
-    return kind(**{c: copy.deepcopy(getattr(row, c)) for c in row.__table__.columns.keys() if c not in unloaded})
+    return kind(**{c: copy.deepcopy(getattr(row, c)) for c in _columns(type(row))})
 
 
 def trials(rows: list[Trial]) -> list:

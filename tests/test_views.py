@@ -17,8 +17,8 @@ def test_a_view_reads_as_the_row_and_cannot_write_it(tmp_path):
     ledger.transition(row, status="ok", tps=10.0, measured={"ttft_ms": {"p99": 5.0}}, greedy=[[1]])
     ledger.add_trial(Trial(run_id="r", source="planner", params={}))
     base, cand = views.trials(ledger.history("r", whole={"baseline"}))
-    assert (base.status, base.tps, base.params, base.greedy) == ("ok", 10.0, {"max-num-seqs": 8}, [[1]])
-    assert cand.greedy is None   # not loaded on a candidate's row: None in its view, no second query
+    assert (base.status, base.tps, base.params) == ("ok", 10.0, {"max-num-seqs": 8})
+    assert not hasattr(base, "greedy") and not hasattr(cand, "top_logprobs")   # the gate's bulk: not a planner's
     with pytest.raises(FrozenInstanceError):
         base.status = "failed"
     base.params["max-num-seqs"] = 512

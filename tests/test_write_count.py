@@ -43,4 +43,5 @@ def test_the_ledger_writes_per_candidate_do_not_grow(tmp_path, monkeypatch):
     seen = {decision for decision, _ in counted}
     assert {"refused", "accepted", "dominated"} <= seen, counted
     for decision, n in counted:
+        assert decision in MOST, f"a {decision!r} candidate: no count recorded for it yet ({counted})"
         assert n <= MOST[decision], (decision, n, counted)
