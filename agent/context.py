@@ -69,7 +69,9 @@ def settings_of(run: Run) -> Settings:
     o = run.settings or {}
     if "gate" not in o:
         return from_flat(o, run.workload)
-    gate = GateSettings(**{**o["gate"], "noise_prior": Noise(**o["gate"]["noise_prior"])})
+    known = {f.name for f in fields(GateSettings)}   # a gate kept by an older agent may lack the newer ones
+    gate = GateSettings(**{k: v for k, v in o["gate"].items() if k in known and k != "noise_prior"},
+                        **({"noise_prior": Noise(**o["gate"]["noise_prior"])} if "noise_prior" in o["gate"] else {}))
     kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o}
     return Settings(**{**kept, "gate": gate, "home": Path(o["home"]) if o.get("home") else None})
 

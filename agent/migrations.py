@@ -14,10 +14,10 @@ from collections.abc import Callable
 from sqlalchemy import Connection, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-MIGRATIONS: list[Callable[[Connection], None]] = []
+MIGRATIONS: list[Callable[[Connection, dict], None]] = []   # each takes a connection and the tables
 
 
-def migration(fn: Callable[[Connection], None]) -> Callable[[Connection], None]:
+def migration(fn: Callable[[Connection, dict], None]) -> Callable[[Connection, dict], None]:
     MIGRATIONS.append(fn)
     return fn
 
@@ -65,22 +65,32 @@ def m002_run_owner(conn: Connection, tables: dict) -> None:
     _add_missing(conn, tables["runs"], ["owner"])
 
 
+# The gate's options as `agent run` kept them flat before 2026-12-03, and the names they have now.
+_FLAT_GATE = {"ppl_tolerance": "ppl_tolerance", "ppl_max": "ppl_max", "min_gain": "min_gain", "kl_max": "kl_max",
+              "kl_max_lossy": "kl_max_lossy", "ttft_p99_ms_max": "slo_ttft_p99_ms",
+              "itl_p99_ms_max": "slo_itl_p99_ms", "level": "level", "detect": "detect",
+              "max_instances": "max_instances", "exact": "exact", "noisy": "noisy", "max_defaults": "max_defaults"}
+
+
 @migration
 def m003_settings_as_used(conn: Connection, tables: dict) -> None:
-    """Run rows written before 2026-12-03 kept `agent run`'s options flat (the workload under
-    `workload_spec`, the noise prior as [sd, df]); rewritten as the Settings dataclass a run stores
-    now, the newer settings at their defaults, so one reader serves every run."""
-    from dataclasses import fields
-
-    from agent.context import from_flat, stored
-    from agent.gate import GateSettings
-
-    moved = {f.name for f in fields(GateSettings)} | {"workload_spec"}   # held under gate, or as workload
+    """Run rows written before 2026-12-03 kept `agent run`'s options flat: the gate's among the rest,
+    the workload under `workload_spec`, the noise prior as [sd, df]. Each is rewritten in the shape
+    a run stores now (the gate's under `gate`, the prior as {sd, df}), so one reader serves every run;
+    the model its row names where they lack one; the newer settings stay absent and read as their defaults. A row whose values have another shape
+    is left as it was (agent.context.from_flat still reads it)."""
     runs = tables["runs"]
-    for id_, settings, workload in conn.execute(select(runs.c.id, runs.c.settings, runs.c.workload)).all():
-        settings = settings or {}
-        if "gate" not in settings:
-            kept = {k: v for k, v in settings.items() if k not in moved}
-            conn.execute(update(runs).where(runs.c.id == id_).values(
-                settings={**kept, **stored(from_flat(settings, workload))}))
-
+    for id_, settings, workload, model in conn.execute(select(runs.c.id, runs.c.settings, runs.c.workload,
+                                                              runs.c.model)).all():
+        if not isinstance(settings, dict) or "gate" in settings:
+            continue
+        try:
+            gate = {new: settings[old] for old, new in _FLAT_GATE.items() if old in settings}
+            if "noise_prior" in settings:
+                sd, df = settings["noise_prior"]
+                gate["noise_prior"] = {"sd": float(sd), "df": int(df)}
+        except (TypeError, ValueError):
+            continue
+        kept = {k: v for k, v in settings.items() if k not in _FLAT_GATE and k not in ("noise_prior", "workload_spec")}
+        conn.execute(update(runs).where(runs.c.id == id_).values(
+            settings={"model": model, **kept, "workload": settings.get("workload_spec") or workload, "gate": gate}))

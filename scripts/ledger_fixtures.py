@@ -4,7 +4,8 @@ them, for tests/test_migrations.py: each one must open, migrate and read under t
     python3 scripts/ledger_fixtures.py            # writes tests/data/ledgers/<date>-<commit>.sqlite
 
 For each commit that touched agent/ledger.py, a detached worktree of it writes one run (its settings
-in the shape that commit's `agent run` stored: the Settings dataclass from e652c7b, flat options before)
+in the shape that commit's `agent run` stored: the Settings dataclass from e652c7b; before, its
+`run` command's options flat, at their defaults)
 and three trials (the defaults, an accepted candidate with a branch, a failed one), filling every
 column its schema has. Commits whose tables have the same columns as the one before are skipped.
 """
@@ -28,14 +29,23 @@ sys.path.insert(0, ".")
 from agent.ledger import Ledger, Run, Trial
 out = Path(sys.argv[1])
 ledger = Ledger(out)
-from agent.context import Settings, stored
-settings = stored(Settings(model="m", workload="smoke", home=Path("/old/home")))
-if sys.argv[2] == "flat":   # before e652c7b (2026-12-03) `agent run` stored its options flat
-    gate = settings.pop("gate")
-    prior = gate.pop("noise_prior", None)
-    spec = settings.pop("workload")
-    settings = {**settings, **gate, "workload_spec": spec,
-                **({"noise_prior": [prior["sd"], prior["df"]]} if prior else {})}
+if sys.argv[2] == "flat":
+    # Before e652c7b (2026-12-03) `agent run` stored its own options flat, as _new_run wrote them:
+    # a few by name, then the rest of the `run` command's options at their defaults.
+    import inspect
+    from agent import cli
+    given = {"home": "/old/home", "budget_s": 1800, "budget": "30m", "quality": "default", "sampler": "tpe",
+             "planner": "builtin", "draft_models": [], "model_given": False, "storage": "sqlite"}
+    taken = {"resume", "budget_text", "storage", "model", "space_name", "space", "workload", "repo", "quality",
+             "sampler", "draft_model", "planner"}
+    run_command = next((c.callback for c in cli.app.registered_commands
+                        if (c.name or c.callback.__name__) == "run"), None)   # 018002f had no `agent run` yet
+    options = {name: getattr(p.default, "default", p.default)
+               for name, p in inspect.signature(run_command).parameters.items() if name not in taken} if run_command else {}
+    settings = {**given, **{k: v for k, v in options.items() if isinstance(v, (str, int, float, bool, list, type(None)))}}
+else:
+    from agent.context import Settings, stored
+    settings = stored(Settings(model="m", workload="smoke", home=Path("/old/home")))
 run_cols = set(Run.__table__.columns.keys())
 run = Run(id="old", deadline_at="2026-11-29T23:00:00+00:00", model="m", space_path="vllm-cpu",
           space_hash="h", workload="smoke", repo="/old/home/proposals", settings=settings, status="finished",
@@ -53,6 +63,12 @@ trial(1, source="planner", status="ok", tps=22.0, tps_ratio=1.222, ppl=8.0, ppl_
       flags={"max-num-seqs": 16}, env={}, heldout_ratio=1.2, heldout_interval=[1.1, 1.3], rationale="because")
 trial(2, source="sampler", status="failed", failure_class="oom", failure_message="out of memory",
       params={"max-num-seqs": 512}, flags={"max-num-seqs": 512}, env={}, gate_passed=False, decision="failed")
+ledger.engine.dispose()
+import sqlite3
+db = sqlite3.connect(out)   # one self-contained file: the write-ahead log folded in
+db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+db.execute("PRAGMA journal_mode=DELETE")
+db.close()
 print(json.dumps({t.name: sorted(t.columns.keys()) for t in Run.metadata.sorted_tables}))
 '''
 
