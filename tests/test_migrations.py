@@ -67,7 +67,7 @@ def test_openers_of_one_old_ledger_at_once_all_open_and_apply_each_migration_onc
         shutil.copy(FIXTURES[0], path)
         gate, applied, errors = threading.Barrier(6), [], []
 
-        def open_it():
+        def open_it(path=path, gate=gate, applied=applied, errors=errors):
             gate.wait()
             try:
                 applied.extend(Ledger(path).migrated)
