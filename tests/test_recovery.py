@@ -292,8 +292,8 @@ def test_doctor_finds_a_trial_server_that_outlived_its_trial(tmp_path, monkeypat
 
 
 class DiskFullLedger(Ledger):
-    """Every write after the n-th fails as SQLite does when the disk is full (row claims and updates, the
-    ways a trial's figures and its gate's verdict are written); `gate_write` becomes the number of the
+    """Every write after the n-th fails as SQLite does when the disk is full (row claims, transitions,
+    results and updates: every way a trial's figures and its gate's verdict are written); `gate_write` becomes the number of the
     first write of a gate's verdict (decision.judge), for a test to fill the disk exactly there."""
 
     def __init__(self, path, n):
@@ -315,6 +315,14 @@ class DiskFullLedger(Ledger):
     def _write(self, row, values):
         self._fail_past_n()
         return super()._write(row, values)
+
+    def transition(self, row, **values):
+        self._fail_past_n()
+        return super().transition(row, **values)
+
+    def record_result(self, row, repeats, **values):
+        self._fail_past_n()
+        return super().record_result(row, repeats, **values)
 
     def claim(self, model, id_, expect, **values):
         self._fail_past_n()
