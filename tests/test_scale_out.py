@@ -199,8 +199,16 @@ def test_a_worker_killed_mid_trial_is_recorded_once_and_the_run_goes_on(postgres
     x = share(postgres, tmp_path, "80s", trial_s=1.5)
     run, joined, ledger, run_id, found = x.run, x.joined, x.ledger, x.run_id, x.found
     me = wait_until(lambda: next((w for w in ledger.workers(run_id) if w.role == "worker"), None))
-    victim = wait_until(lambda: next((t for t in ledger.trials(run_id, status="running")
-                                      if t.worker_id == me.id and t.optuna_number is not None), None))
+
+    def measuring():
+        """A trial of that worker still running a moment after it was seen: being measured (1.5 s),
+        not one a space rule skips as soon as its row is opened."""
+        seen = next((t for t in ledger.trials(run_id, status="running")
+                     if t.worker_id == me.id and t.optuna_number is not None), None)
+        time.sleep(0.3)
+        return seen if seen and ledger.trial(run_id, seen.number).status == "running" else None
+
+    victim = wait_until(measuring)
     os.killpg(joined.pid, signal.SIGKILL)
     joined.wait()
     out_a, _ = run.communicate(timeout=300)
