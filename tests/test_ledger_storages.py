@@ -4,7 +4,6 @@ the loop counts on from the ledger: numbering under contention, the one-winner c
 lifecycle's moves, the database's clock, JSON columns, the bulk columns read on demand, migrations."""
 
 import re
-import threading
 
 import pytest
 from sqlalchemy.exc import InvalidRequestError
@@ -13,6 +12,7 @@ from sqlalchemy.orm.exc import DetachedInstanceError
 from agent import migrations, storage
 from agent.ledger import Ledger, Run, Trial, Worker
 from agent.states import BadMove
+from at_once import at_once
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -38,20 +38,13 @@ def test_json_columns_and_the_run_read_back_as_written(ledger):
 
 
 def test_trial_numbers_stay_unique_when_several_writers_take_them_at_once(ledger):
-    numbers, errors = [], []
+    numbers = []
 
     def take():
-        try:
-            for _ in range(5):
-                numbers.append(ledger.add_trial(Trial(run_id="r", source="sampler", params={})).number)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for _ in range(5):
+            numbers.append(ledger.add_trial(Trial(run_id="r", source="sampler", params={})).number)
 
-    threads = [threading.Thread(target=take) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = at_once(4, take)
     assert errors == [] and sorted(numbers) == list(range(20))
 
 

@@ -25,21 +25,17 @@ import pytest
 
 from agent import storage as storages
 from agent.ledger import Ledger
-from postgres import PASSWORD, Postgres, binaries
+from postgres import PASSWORD
 
 ROOT = Path(__file__).resolve().parents[1]
 # `agent` with the deterministic engine at its engine seam (a test-only executable; its workers run it too).
 AGENT = [sys.executable, str(ROOT / "tests" / "agent_with_seam_engine.py")]
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    found = binaries()
-    if found is None:
-        pytest.skip("no PostgreSQL binaries (Debian's postgresql package; .ci/run installs it)")
-    server = Postgres(found)
-    yield server
-    server.close()
+@pytest.fixture
+def postgres(postgres_server):
+    """The session's PostgreSQL server (tests/conftest.py): one for the ledger suite and these."""
+    return postgres_server
 
 
 def env_for(home: Path, trial_s: float = 0.6) -> dict:
