@@ -890,7 +890,7 @@ def verify(
     low, high = r["interval"]
     out.print(f"{branch}: claimed {r['claimed_ratio']:.3f}x; re-measured {r['ratio']:.3f}x, 95% interval "
               f"{low:.3f}x to {high:.3f}x after {r['rounds']} round(s) on {split} prompts (defaults "
-              f"{r['defaults_tps']}, candidate {r['candidate_tps']} tok/s; noise ±{r['noise_log_sd']:.1%}, "
+              f"{r['defaults_figures']}, candidate {r['candidate_figures']} {r['unit']}; noise ±{r['noise_log_sd']:.1%}, "
               f"{r['noise_df']} df)", highlight=False)
     band = f"{r['band'][0]:.3f}x to {r['band'][1]:.3f}x"
     if r["verdict"] == HOLDS:
@@ -1007,13 +1007,13 @@ def ledger_list(
         return
     rows = open_ledger().trials(run_id, status)
     if best:
-        rows = sorted((t for t in rows if t.gate_passed), key=lambda t: -(t.tps or 0))
+        rows = sorted((t for t in rows if t.gate_passed), key=lambda t: -(t.figure or 0))
     if as_json:
         out.print_json(ledgers.to_json(rows))
         return
     # The latencies beside the ratio: a faster config may have bought its tokens/s with latency (the
     # defaults' own rows, source baseline/aa, show theirs).
-    columns = ["run_id", "number", "source", "status", "failure_class", "tps", "drift", "tps_ratio", "heldout_ratio",
+    columns = ["run_id", "number", "source", "status", "failure_class", "figure", "drift", "search_ratio", "heldout_ratio",
                "ttft_p99_ms", "itl_p99_ms", "ppl", "ppl_change", "agreement", "decision", "branch", "worker_id"]
     if as_csv:
         writer = csv.writer(sys.stdout)
@@ -1040,9 +1040,9 @@ def ledger_show(number: int, run_id: str = typer.Option(None, "--run", help="Run
     data = ledgers.as_dict(trial)
     by_instance: dict[int, list[float]] = {}
     for r in ledger.repeats(trial.id):   # 0: the trial's own server; 1, 2, ...: its held-out servers
-        by_instance.setdefault(r.instance, []).append(r.tps)
-    data["repeats_tps"] = by_instance.get(0, [])
-    data["heldout_repeats_tps"] = [by_instance[k] for k in sorted(by_instance) if k > 0]
+        by_instance.setdefault(r.instance, []).append(r.figure)
+    data["repeat_figures"] = by_instance.get(0, [])
+    data["heldout_repeat_figures"] = [by_instance[k] for k in sorted(by_instance) if k > 0]
     out.print_json(json.dumps(data, default=str))
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import git
 
-from agent import budget, clock, gate, gitops, proposal
+from agent import budget, clock, gate, gitops, objective, proposal
 from agent.context import RunContext, Seams
 from agent.defaults import goodput_start
 from agent.gate import Baseline, GateSettings, MeasureFailed
@@ -26,8 +26,8 @@ def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, h
     settings, ledger = ctx.settings, seams.ledger
     start = goodput_start(history)   # under goodput: the search starts at the defaults' figure
     result = measure(ctx, seams, row, max(clock.seconds_left(ctx.run.deadline_at), 1),
-                     prune_below_tps=gate.prune_below(base) if settings.prune else None,
-                     quality_above_tps=gate.screen_tps(base, settings.gate) if settings.prune else None,
+                     prune_below=gate.prune_below(base) if settings.prune else None,
+                     quality_above=gate.screen_floor(base, settings.gate) if settings.prune else None,
                      **({"goodput_start": start} if start else {}))
     row = record(ledger, row, result)
     return judge(ctx, seams, row, result, base, history, coordinator)
@@ -45,11 +45,11 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
     rule = (base.calibration.rule + (f", tau {base.calibration.tau:.3f}" if base.calibration.rule == "calibrated"
                                      else "")) if row.lossless else "lossy: greedy outputs not required"
     ledger.transition(row, gate_passed=verdict.passed if result.ok else False,
-                  gate_reasons=verdict.reasons, tps_ratio=verdict.tps_ratio, ppl_change=verdict.ppl_change,
+                  gate_reasons=verdict.reasons, search_ratio=verdict.search_ratio, ppl_change=verdict.ppl_change,
                   agreement=verdict.agreement, kl=verdict.kl, flips=[f.as_dict() for f in verdict.flips] or None,
                   rule=rule, drift=base.drift, constraint=constraint,
                   search_interval=[round(verdict.search.low, 4), round(verdict.search.high, 4)] if verdict.search else None,
-                  tps_corrected=round(row.tps / base.drift, 3) if row.tps else None,
+                  figure_corrected=round(row.figure / base.drift, 3) if row.figure else None,
                   decision="failed" if not result.ok else
                   ("awaiting_recheck" if verdict.passed and settings.recheck else None if verdict.passed else "refused"))
     if result.ok and verdict.passed:
@@ -137,18 +137,18 @@ def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> 
     defaults (`pruned`; Optuna hears PRUNED with the partial ratio), or run to the end but not faster
     than them (`speed-only`: no quality verdict could change the outcome). Feasible for Optuna, no
     held-out decision."""
-    ratio = round(result.bench.value / (base.tps * base.drift), 4)
+    ratio = round(result.bench.value / (base.figure * base.drift), 4)
     if p := result.pruned:
         decision = "pruned"
-        why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper_tps']:.2f} "
-               f"{gate.unit(row.meter)}, below {p['below_tps']:.2f} (the defaults' {base.tps * base.drift:.2f} less the "
+        why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper']:.2f} "
+               f"{objective.of(row.meter).unit}, below {p['below']:.2f} (the defaults' {base.figure * base.drift:.2f} less the "
                f"spread of one instance at {gate.PRUNE_LEVEL:.1%})")
     else:
         decision = "speed-only"
         why = (f"not faster on the search prompts: {ratio:.3f}x the defaults; quality not measured "
                f"(speed only: {result.quality_skipped})")
-    row = finish(seams.ledger, row, tps_ratio=ratio, gate_passed=False, decision=decision, constraint=0.0,
-                 drift=base.drift, tps_corrected=round(row.tps / base.drift, 3), gate_reasons=[why])
+    row = finish(seams.ledger, row, search_ratio=ratio, gate_passed=False, decision=decision, constraint=0.0,
+                 drift=base.drift, figure_corrected=round(row.figure / base.drift, 3), gate_reasons=[why])
     seams.say("result", number=row.number, row=row)
     return row
 
@@ -159,7 +159,7 @@ def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:
     low, high = row.search_interval
     accepted = low > need
     seams.ledger.transition(row, gate_passed=accepted, decision="accepted" if accepted else "refused",
-                        gate_reasons=[f"search {row.tps_ratio:.3f}x [{low:.3f}, "
+                        gate_reasons=[f"search {row.search_ratio:.3f}x [{low:.3f}, "
                                       f"{high:.3f}] {'clears' if accepted else 'does not clear'} {need:.3f}"])
     return accepted
 
@@ -188,7 +188,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
             raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
                                 f"needed, {clock.seconds_left(run.deadline_at):.0f} s left)")
         say("phase", number=row.number, phase=f"held-out instance {suffix}")
-        start = (row.tps if target is row else goodput_start(history)) if goodput_start(history) else None
+        start = (row.figure if target is row else goodput_start(history)) if goodput_start(history) else None
         result = measure(ctx, seams, target, max(clock.seconds_left(run.deadline_at), 1),
                          suffix=f"-heldout{suffix}", workload=inline, quality="none",
                          **({"goodput_start": start} if start else {}))
@@ -196,7 +196,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
         if not result.ok:
             raise MeasureFailed(f"a held-out instance failed: {result.failure.klass}: {result.failure.message[:200]}")
         measured.append(result)
-        ledger.add_repeats(target.id, n, result.bench.repeats_tps)
+        ledger.add_repeats(target.id, n, result.bench.repeat_figures)
         return result.bench.value
 
     defaults_row = next(t for t in history if t.source == "baseline")
@@ -206,15 +206,15 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
                                  flags=defaults_row.flags, env=defaults_row.env, lossless=True,
                                  rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
-            tps = instance(extra, 1, like=defaults_like(history, ctx.heldout_points))
+            figure = instance(extra, 1, like=defaults_like(history, ctx.heldout_points))
         except MeasureFailed as e:
             finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
             raise
         result = measured[-1]
-        finish(ledger, extra, status="ok", heldout_tps=tps, decision="extra", constraint=0.0,
+        finish(ledger, extra, status="ok", heldout_figure=figure, decision="extra", constraint=0.0,
                meter=result.workload, timings=result.timings, log_path=result.log_path,
                gate_reasons=[f"extra instance of the defaults for trial {row.number}'s held-out decision"])
-        return tps
+        return figure
 
     counter = iter(range(2, 1000))
     try:
@@ -224,11 +224,11 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
         return False
     first_s = times[0]
     decision = gate.decide(first, base, ctx.settings.gate, lambda: instance(row, next(counter)),
-                           more_defaults, row.tps_ratio)
+                           more_defaults, row.search_ratio)
     c = decision.comparison
     values = sorted(decision.candidate)
     ledger.transition(row, heldout_instances=[round(x, 3) for x in decision.candidate],
-                  heldout_tps=round(values[len(values) // 2], 3), heldout_ratio=round(c.ratio, 4),
+                  heldout_figure=round(values[len(values) // 2], 3), heldout_ratio=round(c.ratio, 4),
                   heldout_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=decision.accepted,
                   decision="accepted" if decision.accepted else "refused", gate_reasons=decision.reasons,
                   timings={**row.timings, "recheck_s": round(sum(times), 1), "recheck_first_s": first_s})
@@ -257,8 +257,8 @@ def slower_than_branched(row: Trial, history: list[Trial], base: Baseline, setti
     noise, cannot be branched whatever its held-out decision says: no fresh servers for it."""
     # Every config's repeated held-out instances are more evidence of the instance noise.
     noise = base.noise_with(*(t.heldout_instances for t in history if t.heldout_instances))
-    for other in (t for t in history if t.branch and t.tps):
-        c = compare([row.tps], [other.tps], noise, settings.level)
+    for other in (t for t in history if t.branch and t.figure):
+        c = compare([row.figure], [other.figure], noise, settings.level)
         if c.high < 1:
             return (f"dominated on the search prompts: {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of {other.branch}, "
                     f"slower beyond the noise: no held-out decision, not branched")
@@ -266,7 +266,7 @@ def slower_than_branched(row: Trial, history: list[Trial], base: Baseline, setti
 
 
 def dominated_by(row: Trial, history: list[Trial], base: Baseline, settings: GateSettings) -> str | None:
-    claim = lambda t: t.heldout_instances or ([t.tps] if t.tps else [])  # noqa: E731
+    claim = lambda t: t.heldout_instances or ([t.figure] if t.figure else [])  # noqa: E731
     for other in (t for t in history if t.branch):
         noise = base.noise_with(claim(row), claim(other))
         c = compare(claim(row), claim(other), noise, settings.level)

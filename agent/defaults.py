@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from agent import budget, clock, gate
+from agent import budget, clock, gate, objective
 from agent.context import RunContext, Seams
 from agent.gate import Baseline, GateSettings, Instance
 from agent.ledger import Trial
@@ -43,7 +43,7 @@ def engine_defaults(ctx: RunContext, seams: Seams) -> dict:
 
 
 def instance_of(t: Trial) -> Instance:
-    return Instance(t.tps, t.heldout_tps, t.ppl, {"ids": t.greedy or [], "tops": t.top_logprobs},
+    return Instance(t.figure, t.heldout_figure, t.ppl, {"ids": t.greedy or [], "tops": t.top_logprobs},
                     t.ttft_p99_ms, t.itl_p99_ms)
 
 
@@ -68,7 +68,7 @@ def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
     # part of the noise every candidate is judged with, whichever device it ran on (docs/scale-out.md).
     instances = [t for t in ok if t.source in ("baseline", "device") or (t.source == "drift" and t.drift == 1.0)]
     aa = next((t for t in ok if t.source == "aa"), None)
-    extras = [t.heldout_tps for t in ok if t.source == "extra" and t.heldout_tps]
+    extras = [t.heldout_figure for t in ok if t.source == "extra" and t.heldout_figure]
     base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras),
                             aa=instance_of(aa) if aa else None)
     drift = next((t.drift for t in reversed(ok) if t.source == "drift" and t.drift is not None), 1.0)
@@ -97,7 +97,7 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     first, verdict = judged_aa(history, settings.gate)
     if aa.decision is None:
         ledger.transition(aa, decision="aa-passed" if verdict.passed else "aa-failed", gate_passed=None,
-                      gate_reasons=[verdict.line], tps_ratio=round(verdict.speed.ratio, 4),
+                      gate_reasons=[verdict.line], search_ratio=round(verdict.speed.ratio, 4),
                       search_interval=[round(verdict.speed.low, 4), round(verdict.speed.high, 4)],
                       flips=[f.as_dict() for f in verdict.flips], rule=verdict.calibration.rule, constraint=0.0,
                       agreement=gate.agreement(first.reference["ids"], aa.greedy or []))
@@ -122,14 +122,14 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
         plan = None
     for t in history:
         if t.source == "baseline" and t.status == "ok":
-            ledger.transition(t, tps_ratio=round(t.tps / base.tps, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
+            ledger.transition(t, search_ratio=round(t.figure / base.figure, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
                           gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
     noise = base.measured_noise   # what this machine showed; the bounds add the space's prior (base.noise)
-    ledger.update(run, baseline_tps=round(base.tps, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
+    ledger.update(run, baseline_figure=round(base.figure, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
                   noise_df=noise.df, calibration={**(run.calibration or {}), **base.calibration.as_dict(),
                                                   "aa": verdict.line})   # the prior is in run.settings
-    say("baseline", tps=base.tps, ppl=base.ppl, noise=noise.sd, df=noise.df, instances=base.search,
-        calibration=base.calibration.as_dict(), unit=gate.unit((run.settings or {}).get("traffic")),
+    say("baseline", figure=base.figure, ppl=base.ppl, noise=noise.sd, df=noise.df, instances=base.search,
+        calibration=base.calibration.as_dict(), unit=objective.of_run(run).unit,
         prior=(base.prior.sd, base.prior.df), bound_noise=base.noise.sd)
     if plan:   # at the noise measured now: how many looks a gain near it takes
         say("plan", **plan)
@@ -159,7 +159,7 @@ def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: 
     points = len(((last.measured or {}).get("goodput") or {}).get("points") or []) or None
     share = budget.heldout_share(last.measured, ctx.heldout_points)
     plan = budget.plan(last.timings, instances_left, aa_left, left, spent, points, heldout_share=share)
-    noise = gate.pooled_noise([[t.tps for t in instances if t.tps]], ctx.settings.gate.noise_prior)
+    noise = gate.pooled_noise([[t.figure for t in instances if t.figure]], ctx.settings.gate.noise_prior)
     near = gate.sized_gain(ctx.settings.gate, noise)
     plan = budget.decision_looks(plan, last.timings, gate.looks_needed(near, noise, ctx.settings.gate), near,
                                  noise.sd, share)
@@ -175,7 +175,7 @@ def goodput_start(history: list[Trial]) -> float | None:
     """Where a later goodput search starts (sandbox.goodput.first_step): the defaults' goodput as their
     instances measured it so far, the geometric mean of their search figures. None before the first
     instance, or when the objective is not goodput (the spec then leaves the start to the profile)."""
-    found = [t.tps for t in history if t.source in DEFAULTS and t.status == "ok" and t.tps
+    found = [t.figure for t in history if t.source in DEFAULTS and t.status == "ok" and t.figure
              and (t.measured or {}).get("goodput")]
     return round(math.exp(sum(map(math.log, found)) / len(found)), 6) if found else None
 
@@ -229,13 +229,13 @@ def check_drift(ctx: RunContext, seams: Seams, base: Baseline) -> None:
     """Measure the defaults again; a move the prediction bounds exclude (and of at least DRIFT_MIN) is
     the machine's, and is divided out from now on. Otherwise the instance joins the defaults' noise."""
     row = run_defaults(ctx, seams, "drift", f"drift check after {ctx.settings.drift_every} candidate trials")
-    c = compare([row.tps], base.search, base.noise, ctx.settings.gate.level)
+    c = compare([row.figure], base.search, base.noise, ctx.settings.gate.level)
     moved = (c.low > 1 or c.high < 1) and abs(c.ratio - 1) > DRIFT_MIN
     drift = round(c.ratio, 4) if moved else 1.0
-    seams.ledger.transition(row, drift=drift, tps_corrected=round(row.tps / drift, 3), tps_ratio=round(c.ratio, 4),
+    seams.ledger.transition(row, drift=drift, figure_corrected=round(row.figure / drift, 3), search_ratio=round(c.ratio, 4),
                         search_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=None, decision="drift",
                         constraint=0.0,
                         gate_reasons=[f"drift check: defaults now at {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of "
                                       f"the baseline; " + (f"correcting by {drift}" if moved else
                                                            "within the noise, no correction")])
-    seams.say("drift", tps=row.tps, factor=round(c.ratio, 4), applied=drift)
+    seams.say("drift", figure=row.figure, factor=round(c.ratio, 4), applied=drift)

@@ -236,11 +236,11 @@ class Baseline:
     itl_p99: tuple = ()                 # p99 inter-token latency (ms), the same instances (the latency guard's)
 
     @property
-    def tps(self) -> float:
+    def figure(self) -> float:
         return geomean(self.search)
 
     @property
-    def heldout_tps(self) -> float | None:
+    def heldout_figure(self) -> float | None:
         return geomean(self.heldout) if self.heldout else None
 
     @property
@@ -268,7 +268,7 @@ class Verdict:
     passed: bool                        # no worse, and plausibly faster: worth the held-out decision
     reasons: list[str] = field(default_factory=list)
     quality_ok: bool = True             # no worse (Optuna's constraint is this, not the speed)
-    tps_ratio: float | None = None
+    search_ratio: float | None = None
     search: Comparison | None = None
     ppl_change: float | None = None
     agreement: float | None = None
@@ -282,19 +282,6 @@ def greedy_of(result: TrialResult) -> dict:
     return {"ids": quality.token_ids, "tops": quality.top_logprobs}
 
 
-def unit(meter: dict | None) -> str:
-    """How the figure reads: a trial's meter (or a run's traffic summary) names its objective."""
-    from sandbox.workload import latency_of   # the one place the objective names are read
-
-    objective = (meter or {}).get("objective") or "tps"
-    if objective == "goodput":
-        return "req/s goodput"
-    if latency_of(objective):   # a latency percentile, as its inverse
-        metric, q = objective.split("-")
-        return f"/s (1000 / {metric.upper()} {q} ms)"
-    return "tok/s"
-
-
 def check(result: TrialResult, base: Baseline, lossless: bool, settings: GateSettings = GateSettings()) -> Verdict:
     """The gate on one candidate instance: quality (perplexity, KL, greedy outputs where lossless, the
     SLOs) and speed on the search prompts; the figure is the run's objective's (Figures.value)."""
@@ -303,8 +290,8 @@ def check(result: TrialResult, base: Baseline, lossless: bool, settings: GateSet
         return Verdict(False, [f"trial failed: {failure.klass if failure else None}: "
                                f"{(failure.message if failure else '')[:200]}"], False)
     reasons = []
-    tps, ppl = result.bench.value, result.quality.ppl
-    search = compare([tps], base.search, base.noise, settings.level, base.drift)
+    figure, ppl = result.bench.value, result.quality.ppl
+    search = compare([figure], base.search, base.noise, settings.level, base.drift)
     ppl_change = ppl / base.ppl - 1
     greedy = greedy_of(result)
     agree = agreement(base.reference["ids"], greedy["ids"])
@@ -418,23 +405,23 @@ def constraint(verdict: Verdict, result: TrialResult, settings: GateSettings) ->
     return round(max(worst, 1e-3), 4) if worst > 0 else 1.0
 
 
-def screen_tps(base: Baseline, settings: GateSettings) -> float:
-    """The TPS a candidate's search instance must exceed to pass the screen (see check)."""
-    return round(base.tps * base.drift * (1 + settings.min_gain), 3)
+def screen_floor(base: Baseline, settings: GateSettings) -> float:
+    """The figure a candidate's search instance must exceed to pass the screen (see check)."""
+    return round(base.figure * base.drift * (1 + settings.min_gain), 3)
 
 
 PRUNE_LEVEL = 0.999   # a config is stopped only when even this unlucky an instance of it could not be slower
 
 
 def prune_below(base: Baseline) -> float | None:
-    """The TPS under which a candidate's benchmark is stopped (sandbox.bench.Pruner): the defaults'
-    TPS less what instance noise can take from one instance of a config that is really as fast, at
+    """The figure under which a candidate's benchmark is stopped (sandbox.bench.Pruner): the defaults'
+    figure less what instance noise can take from one instance of a config that is really as fast, at
     PRUNE_LEVEL. Nothing is pruned before the noise is known (measured, or the space's prior)."""
     noise = base.noise
     if noise.df < 1:
         return None
     spread = t_quantile(PRUNE_LEVEL, noise.df) * noise.sd * math.sqrt(1 + 1 / len(base.search))
-    return round(base.tps * base.drift * math.exp(-spread), 3)
+    return round(base.figure * base.drift * math.exp(-spread), 3)
 
 
 # ---- 3. Faster: a sequential test on held-out prompts -----------------------------------------
@@ -539,8 +526,8 @@ def _drop(search_ratio: float | None, c: Comparison, noise: Noise) -> str:
 @dataclass(frozen=True)
 class Instance:
     """One server instance of the defaults, as the gate needs it."""
-    tps: float
-    heldout_tps: float | None = None
+    figure: float
+    heldout_figure: float | None = None
     ppl: float | None = None
     greedy: dict | None = None          # {"ids": ..., "tops": ...}
     ttft_p99_ms: float | None = None    # its latencies on the search prompts, for the latency guard
@@ -557,10 +544,10 @@ def baseline_of(instances: list[Instance], settings: GateSettings, extras: tuple
     others = [i.greedy for i in instances[1:] if i.greedy]
     measured = [*instances, *([aa] if aa else [])]   # every instance measured on the search prompts
     ppls = [i.ppl for i in measured if i.ppl]
-    heldout = [*([aa.heldout_tps] if aa and aa.heldout_tps else []), *extras]
-    return Baseline(search=[i.tps for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls), reference=reference,
+    heldout = [*([aa.heldout_figure] if aa and aa.heldout_figure else []), *extras]
+    return Baseline(search=[i.figure for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls), reference=reference,
                     calibration=calibrate(reference, others, settings.exact),
-                    noise_groups=(tuple(heldout),) if heldout else (), unscreened=(aa.tps,) if aa else (),
+                    noise_groups=(tuple(heldout),) if heldout else (), unscreened=(aa.figure,) if aa else (),
                     prior=settings.noise_prior,
                     ttft_p99=tuple(i.ttft_p99_ms for i in measured if i.ttft_p99_ms and i.ttft_p99_ms > 0),
                     itl_p99=tuple(i.itl_p99_ms for i in measured if i.itl_p99_ms and i.itl_p99_ms > 0))
@@ -578,7 +565,7 @@ class AAVerdict:
 
 def judge_aa(aa: Instance, base: Baseline, settings: GateSettings) -> AAVerdict:
     """The defaults once more, as if a candidate: the verdict must be "no loss, no gain"."""
-    speed = compare([aa.tps], base.search, base.noise, settings.level, base.drift)
+    speed = compare([aa.figure], base.search, base.noise, settings.level, base.drift)
     greedy = aa.greedy or {"ids": [], "tops": []}
     reasons, found, kl = greedy_check(base.reference, greedy, base.calibration)
     cal, notes = base.calibration, []

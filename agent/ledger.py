@@ -56,9 +56,9 @@ class Run(Base):
     workload_hash: Mapped[str | None] = mapped_column(String)
     repo: Mapped[str] = mapped_column(String)
     settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    baseline_tps: Mapped[float | None] = mapped_column(Float)
+    baseline_figure: Mapped[float | None] = mapped_column(Float)
     baseline_ppl: Mapped[float | None] = mapped_column(Float)
-    noise: Mapped[float | None] = mapped_column(Float)     # pooled log-sd of TPS between instances of the defaults
+    noise: Mapped[float | None] = mapped_column(Float)     # pooled log-sd of the figure between instances of the defaults
     noise_df: Mapped[int | None] = mapped_column(Integer)  # its degrees of freedom
     calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON)   # greedy rule, tau, A/A verdict, engine defaults
     # The coordinator that last took the run up (host/pid/token): a resume swaps it only if it still
@@ -85,14 +85,16 @@ class Trial(Base):
     failure_cause: Mapped[str | None] = mapped_column(Text)   # vLLM's own words (its log's root cause)
     failed_phase: Mapped[str | None] = mapped_column(String)  # preflight, start, warmup, bench, quality, ...
     log_tail: Mapped[str | None] = mapped_column(Text)
-    tps: Mapped[float | None] = mapped_column(Float)
-    tps_interval: Mapped[list[Any] | None] = mapped_column(JSON)   # 95% interval from this server's repeats
-    tps_ratio: Mapped[float | None] = mapped_column(Float)             # drift-corrected TPS / baseline TPS
+    # A figure is the run's objective's (agent.objective: tokens/s, or requests/s under goodput); a ratio
+    # is a figure over the defaults'. The old names (tps, tps_ratio, ...) stay as read-only aliases.
+    figure: Mapped[float | None] = mapped_column(Float)
+    figure_interval: Mapped[list[Any] | None] = mapped_column(JSON)   # 95% interval from this server's repeats
+    search_ratio: Mapped[float | None] = mapped_column(Float)          # drift-corrected figure / the defaults'
     drift: Mapped[float | None] = mapped_column(Float)                 # machine speed factor applied (1: none)
-    tps_corrected: Mapped[float | None] = mapped_column(Float)         # tps / drift
-    heldout_tps: Mapped[float | None] = mapped_column(Float)           # fresh server, held-out prompts
+    figure_corrected: Mapped[float | None] = mapped_column(Float)      # figure / drift
+    heldout_figure: Mapped[float | None] = mapped_column(Float)        # fresh server, held-out prompts
     heldout_ratio: Mapped[float | None] = mapped_column(Float)         # the committed claim
-    heldout_instances: Mapped[list[Any] | None] = mapped_column(JSON)  # TPS of each fresh held-out instance
+    heldout_instances: Mapped[list[Any] | None] = mapped_column(JSON)  # the figure of each fresh held-out instance
     heldout_interval: Mapped[list[Any] | None] = mapped_column(JSON)   # one-sided bounds of the claim, at `level`
     search_interval: Mapped[list[Any] | None] = mapped_column(JSON)    # the same for the search-prompt ratio
     ppl: Mapped[float | None] = mapped_column(Float)
@@ -127,7 +129,7 @@ class Trial(Base):
     @property
     def claimed_ratio(self) -> float:
         """What a branch is ranked by: its held-out ratio (the committed claim), else its search ratio."""
-        return self.heldout_ratio or self.tps_ratio or 0.0
+        return self.heldout_ratio or self.search_ratio or 0.0
 
     @property
     def held_out_claim(self) -> str | None:
@@ -145,7 +147,7 @@ class Repeat(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
     instance: Mapped[int] = mapped_column(Integer)         # 0: the trial's own server; 1, 2, ...: its held-out servers
-    tps: Mapped[float] = mapped_column(Float)
+    figure: Mapped[float] = mapped_column(Float)
     trial: Mapped[Trial] = relationship(back_populates="repeats")
 
 
@@ -326,7 +328,7 @@ class Ledger:
             q = update(Trial).where(Trial.id == row.id, Trial.status == states.Status.RUNNING)
             if s.execute(q.values(**values)).rowcount != 1:
                 return False
-            s.add_all(Repeat(trial_id=row.id, instance=0, tps=x) for x in repeats)
+            s.add_all(Repeat(trial_id=row.id, instance=0, figure=x) for x in repeats)
         for key, value in values.items():   # the row in memory as written: no read back
             setattr(row, key, value)
         return True
@@ -406,10 +408,10 @@ class Ledger:
         with self.session() as s:
             return s.scalars(select(Trial).where(Trial.run_id == run_id, Trial.number == number)).first()
 
-    def add_repeats(self, trial_id: int, instance: int, tps: list[float]) -> None:
+    def add_repeats(self, trial_id: int, instance: int, figures: list[float]) -> None:
         """The measured phases of one server instance of a trial."""
         with self.session.begin() as s:
-            s.add_all(Repeat(trial_id=trial_id, instance=instance, tps=x) for x in tps)
+            s.add_all(Repeat(trial_id=trial_id, instance=instance, figure=x) for x in figures)
 
     def repeats(self, trial_id: int) -> list[Repeat]:
         with self.session() as s:

@@ -127,11 +127,11 @@ def _plan(data, space: Space, k: int) -> tuple[list[Proposal], list[Narrowing], 
 
 
 def history_table(history: list[Trial]) -> str:
-    lines = ["number | source | status | tps_ratio | ppl_change | agreement | gate | params | failure or metrics"]
+    lines = ["number | source | status | search_ratio | ppl_change | agreement | gate | params | failure or metrics"]
     for t in history[-40:]:
         detail = (f"{t.failure_class}: {(t.failure_message or '')[:160]}" if t.status != "ok"
                   else json.dumps({k: v for k, v in (t.metrics or {}).items() if v is not None and k != "samples"}))
-        lines.append(f"{t.number} | {t.source} | {t.status} | {t.tps_ratio} | {t.ppl_change} | {t.agreement} | "
+        lines.append(f"{t.number} | {t.source} | {t.status} | {t.search_ratio} | {t.ppl_change} | {t.agreement} | "
                      f"{t.gate_passed} | {json.dumps(t.params)} | {detail}")
     return "\n".join(lines)
 
@@ -142,8 +142,8 @@ def prompt(space: Space, history: list[Trial], facts: dict, k: int) -> str:
     rules = [f"{r.require} when {r.when or 'always'}: {r.reason}" for r in space.rules]
     return (f"Engine: {space.engine} {space.engine_version}. Facts: {json.dumps(facts)}.\n"
             f"Space (knob -> type and bounds):\n{json.dumps(knobs)}\nRules:\n" + "\n".join(rules) +
-            f"\nHistory (tps_ratio is relative to engine defaults; gate False means rejected):\n"
-            f"{history_table(history)}\nPropose {k} new configs likely to raise tps_ratio without raising perplexity.")
+            f"\nHistory (search_ratio is relative to engine defaults; gate False means rejected):\n"
+            f"{history_table(history)}\nPropose {k} new configs likely to raise search_ratio without raising perplexity.")
 
 
 SECRET_NAMES = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)$", re.I)

@@ -8,9 +8,8 @@ from pathlib import Path
 import structlog
 from rich.console import Console
 from rich.markup import escape
-from agent import refusals
+from agent import objective, refusals
 from agent.budget import plan_line
-from agent.gate import unit
 from sandbox import goodput
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -33,7 +32,7 @@ def _line(event: str, info: dict) -> str | None:
                 if cal["rule"] == "calibrated" else "greedy rule exact")
         prior = (f"; with the space's prior ±{info['prior'][0]:.1%} worth {info['prior'][1]} df, bounds use "
                  f"±{info['bound_noise']:.1%}" if info.get("prior") and info["prior"][1] else "")
-        return escape(f"baseline: {info['tps']:.2f} {info.get('unit', 'tok/s')} (instances {instances}; noise ±{info['noise']:.1%} "
+        return escape(f"baseline: {info['figure']:.2f} {info.get('unit', 'tok/s')} (instances {instances}; noise ±{info['noise']:.1%} "
                       f"log-sd, {info['df']} df{prior}), ppl {info['ppl']:.4f}; {rule}")
     if event == "plan":
         return escape(plan_line(info))
@@ -47,11 +46,11 @@ def _line(event: str, info: dict) -> str | None:
         return f"drift check: defaults at {info['factor']:.3f}x of the baseline; correction {info['applied']}"
     if event == "result":
         t = info["row"]
-        u = unit(t.meter)
+        u = objective.of(t.meter).unit
         if t.decision == "speed-only":
-            return f"trial {t.number}: {t.tps:.2f} {u} ({t.tps_ratio:.3f}x); rejected: {escape(t.gate_reasons[0])}"
+            return f"trial {t.number}: {t.figure:.2f} {u} ({t.search_ratio:.3f}x); rejected: {escape(t.gate_reasons[0])}"
         if t.status == "pruned":
-            return f"trial {t.number} [yellow]pruned[/] at {t.tps:.2f} {u}: {escape((t.gate_reasons or [''])[0])}"
+            return f"trial {t.number} [yellow]pruned[/] at {t.figure:.2f} {u}: {escape((t.gate_reasons or [''])[0])}"
         if t.status != "ok":
             return f"trial {t.number} [red]{t.failure_class}[/]: {escape((t.failure_message or '')[:160])}"
         if t.branch:
@@ -65,7 +64,7 @@ def _line(event: str, info: dict) -> str | None:
         flips = f", {len(t.flips)} near-tie flip(s)" if t.flips else ""
         floor = (" (a lower bound: no load this split could judge broke it)"
                  if goodput.lower_bound((t.measured or {}).get("goodput")) else "")
-        return (f"trial {t.number}: {t.tps:.2f} {u}{floor} ({t.tps_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
+        return (f"trial {t.number}: {t.figure:.2f} {u}{floor} ({t.search_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
                 f"agreement {t.agreement:.0%}{flips}; {verdict}")
     if event == "learned":
         return escape(f"learned from trial {info['number']}: vLLM refuses {info['settings']} ({info['how']}); "

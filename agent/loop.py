@@ -120,7 +120,7 @@ def work(ctx: RunContext, seams: Seams, storage, me: Worker, lost: Callable[[], 
                for t in ledger.trials(run.id)):
         run_defaults(ctx, seams, "device", f"the defaults on {me.device} of {me.host}: this device's instance of "
                                            f"the baseline")
-    if wait_for(ledger, run, lambda r: r.baseline_tps, say, "the baseline and the A/A check") is None:
+    if wait_for(ledger, run, lambda r: r.baseline_figure, say, "the baseline and the A/A check") is None:
         return
     ctx = replace(ctx, refusal_check=refusal_check(ctx, seams))
     study = studies.open(run.id, storage, ctx.settings.seed, ctx.settings.sampler)

@@ -15,10 +15,16 @@ from sqlalchemy import Connection, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 MIGRATIONS: list[Callable[[Connection, dict], None]] = []   # each takes a connection and the tables
+FRESH_TOO: set[str] = set()   # the migrations a fresh ledger runs as well (what create_all cannot make)
 
 
 def migration(fn: Callable[[Connection, dict], None]) -> Callable[[Connection, dict], None]:
     MIGRATIONS.append(fn)
+    return fn
+
+
+def fresh_too(fn: Callable[[Connection, dict], None]) -> Callable[[Connection, dict], None]:
+    FRESH_TOO.add(fn.__name__)
     return fn
 
 
@@ -32,7 +38,7 @@ def apply(engine, fresh: bool, tables: dict, record) -> list[str]:
                 if conn.execute(select(record.c.name).where(record.c.name == fn.__name__)).first():
                     continue
                 conn.execute(record.insert().values(name=fn.__name__))   # the claim: a second opener waits, then finds it
-                if not fresh:
+                if not fresh or fn.__name__ in FRESH_TOO:
                     fn(conn, tables)
             done.append(fn.__name__)
         except IntegrityError:   # another process recorded it between our read and our insert
@@ -44,7 +50,7 @@ def _add_missing(conn: Connection, table, names: list[str]) -> None:
     have = {c["name"] for c in inspect(conn).get_columns(table.name)}
     for name in names:
         if name not in have:
-            kind = table.c[name].type.compile(conn.dialect)
+            kind = table.c[RENAMED.get(table.name, {}).get(name, name)].type.compile(conn.dialect)
             conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{name}" {kind}'))
 
 
@@ -94,3 +100,31 @@ def m003_settings_as_used(conn: Connection, tables: dict) -> None:
         kept = {k: v for k, v in settings.items() if k not in _FLAT_GATE and k not in ("noise_prior", "workload_spec")}
         conn.execute(update(runs).where(runs.c.id == id_).values(
             settings={"model": model, **kept, "workload": settings.get("workload_spec") or workload, "gate": gate}))
+
+
+# Columns named "tps" held whatever the run's objective measured (requests/s under goodput), so they
+# were renamed for what they hold; each old name stays as a read-only generated column of the new
+# one, so saved SQL (`SELECT tps, tps_ratio FROM trials`) reads what it read before.
+RENAMED = {
+    "runs": {"baseline_tps": "baseline_figure"},
+    "trials": {"tps": "figure", "tps_interval": "figure_interval", "tps_ratio": "search_ratio",
+               "tps_corrected": "figure_corrected", "heldout_tps": "heldout_figure"},
+    "repeats": {"tps": "figure"},
+}
+
+
+@fresh_too
+@migration
+def m004_figures_named_by_unit(conn: Connection, tables: dict) -> None:
+    """tps -> figure, tps_ratio -> search_ratio, ... (RENAMED), each old name kept as an alias
+    (2026-12-06). A fresh ledger gets the aliases too."""
+    stored = "STORED" if conn.dialect.name == "postgresql" else "VIRTUAL"   # SQLite adds only virtual ones
+    for table, names in RENAMED.items():
+        have = {c["name"] for c in inspect(conn).get_columns(table)}
+        for old, new in names.items():
+            if old in have and new not in have:
+                conn.execute(text(f'ALTER TABLE {table} RENAME COLUMN "{old}" TO "{new}"'))
+            kind = tables[table].c[new].type.compile(conn.dialect)
+            if old not in have or new not in have:
+                conn.execute(text(f'ALTER TABLE {table} ADD COLUMN "{old}" {kind} '
+                                  f'GENERATED ALWAYS AS ("{new}") {stored}'))

@@ -143,7 +143,7 @@ def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
         for new_k in (min(high, 2 * k), max(low, k // 2)) if longer else (max(low, k // 2), min(high, 2 * k)):
             if new_k != k:
                 yield ({**start, "speculative-config.num_speculative_tokens": new_k},
-                       f"{basis} runs ngram_gpu with k={k} at {best.tps_ratio:.2f}x the defaults; {said}, so "
+                       f"{basis} runs ngram_gpu with k={k} at {best.search_ratio:.2f}x the defaults; {said}, so "
                        f"try k={new_k}, kept if faster", "the draft length where speed peaks (k=8 led k=4 and k=16 "
                        "on the H200's greedy meter)")
         return
@@ -250,9 +250,9 @@ class BuiltinPlanner:
     def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
         ok = [t for t in history if t.status == "ok" and t.source != "extra"]  # extra: held-out speed only
         accepted = [t for t in ok if t.gate_passed]
-        best = max(accepted, key=lambda t: t.tps or 0, default=None)
+        best = max(accepted, key=lambda t: t.figure or 0, default=None)
         start = dict(best.params) if best else {}
-        basis = f"trial {best.number} ({best.tps_ratio:.2f}x)" if best else "the defaults"
+        basis = f"trial {best.number} ({best.search_ratio:.2f}x)" if best else "the defaults"
         # The triggers read the start's own newest measurement: a lever is moved where the config it
         # builds on showed that it binds.
         measured = max((t for t in ok if t.params == start), key=lambda t: t.number, default=None)
@@ -342,7 +342,7 @@ class BuiltinPlanner:
             # The longer draft gained but was not accepted (or did not run): the shorter one once, as the
             # short first move would have been; one slower than the defaults ends speculation's first moves.
             tried = [t for t in history if t.params == move]
-            if k != 4 and tried and all(t.tps_ratio is None or t.tps_ratio >= 1 for t in tried):
+            if k != 4 and tried and all(t.search_ratio is None or t.search_ratio >= 1 for t in tried):
                 yield ({**move, "speculative-config.num_speculative_tokens": 4, "speculative-config.prompt_lookup_max": 4},
                        f"k={k} (trial {tried[-1].number}) was not accepted; the shorter draft (k=4, lookup 2..4) on "
                        f"top of {basis}, {evidence}", "fewer wasted drafts than k=8 where fewer are accepted")

@@ -46,26 +46,26 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
         status=result.status, failure_class=failure and failure.klass,
         failure_message=failure and failure.message, failure_cause=failure and failure.cause,
         failed_phase=result.failed_phase, log_tail=(failure and failure.log_tail) or None,
-        tps=bench.value if bench else None, ppl=quality.ppl if quality else None,
-        heldout_tps=result.bench_heldout.value if result.bench_heldout else None,
+        figure=bench.value if bench else None, ppl=quality.ppl if quality else None,
+        heldout_figure=result.bench_heldout.value if result.bench_heldout else None,
         errors=bench.errors if bench else None,
         ttft_p99_ms=bench.ttft_ms.get("p99") if bench else None, itl_p99_ms=bench.itl_ms.get("p99") if bench else None,
         metrics=result.metrics or {}, greedy=(quality and quality.token_ids) or None,
         top_logprobs=(quality and quality.top_logprobs) or None,
         timings=result.timings, log_path=result.log_path,
         meter={**result.workload, "quality": result.quality_set}, finished_at=utcnow(),
-        measured={**({"ttft_ms": bench.ttft_ms, "itl_ms": bench.itl_ms, "repeats_tps": bench.repeats_tps,
+        measured={**({"ttft_ms": bench.ttft_ms, "itl_ms": bench.itl_ms, "repeat_figures": bench.repeat_figures,
                       "finish": bench.finish, "tpot_ms": bench.tpot_ms, "goodput": bench.goodput,
                       "repeat_share": bench.repeat_share, "phase_tps": bench.phase_tps, "window_s": bench.window_s}
-                     if bench else dict.fromkeys(("ttft_ms", "itl_ms", "repeats_tps", "finish", "tpot_ms", "goodput",
+                     if bench else dict.fromkeys(("ttft_ms", "itl_ms", "repeat_figures", "finish", "tpot_ms", "goodput",
                                                   "repeat_share", "phase_tps", "window_s"))),
                   "engine": result.engine, "hardware": result.hardware, "device": result.device})
-    repeats = [x for x in (bench.repeats_tps if bench else []) if x and x > 0]
+    repeats = [x for x in (bench.repeat_figures if bench else []) if x and x > 0]
     if len(repeats) >= 2:  # within one server only: the noise between instances is the run's `noise`
-        values["tps_interval"] = [round(x, 3) for x in interval(repeats)]
+        values["figure_interval"] = [round(x, 3) for x in interval(repeats)]
     # Only while the row is still running: a worker declared lost mid-trial finds it interrupted.
     # The figures and the phases behind them in one transaction: a crash leaves both or neither.
-    if not ledger.record_result(row, bench.repeats_tps if bench else [], **values):
+    if not ledger.record_result(row, bench.repeat_figures if bench else [], **values):
         raise Superseded(f"trial {row.number}: recorded as interrupted by another process while it ran "
                          f"(this worker was silent past the grace); its result is dropped")
     return row

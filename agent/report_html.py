@@ -14,7 +14,6 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
-from agent.gate import unit
 from agent.ledger import LearnedRule, Run, Trial
 from agent.proposal import run_meter, traffic_line
 from agent.refusals import describe
@@ -47,7 +46,7 @@ def _figure(fig) -> str:
 
 
 def _claim(t: Trial) -> str:
-    return t.held_out_claim or (f"{t.tps_ratio:.3f}x search" if t.tps_ratio else "")
+    return t.held_out_claim or (f"{t.search_ratio:.3f}x search" if t.search_ratio else "")
 
 
 def _label(t: Trial) -> str:
@@ -59,12 +58,12 @@ def speed_over_time(run: Run, trials: list[Trial]) -> str:
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    measured = [t for t in trials if t.tps and t.finished_at]
-    if run.baseline_tps and run.noise is not None:
-        low, high = run.baseline_tps * math.exp(-2 * run.noise), run.baseline_tps * math.exp(2 * run.noise)
+    measured = [t for t in trials if t.figure and t.finished_at]
+    if run.baseline_figure and run.noise is not None:
+        low, high = run.baseline_figure * math.exp(-2 * run.noise), run.baseline_figure * math.exp(2 * run.noise)
         fig.add_hrect(y0=low, y1=high, fillcolor="lightgray", opacity=0.4, line_width=0,
                       annotation_text="defaults ±2 noise", annotation_position="top left")
-        fig.add_hline(y=run.baseline_tps, line_dash="dot", line_color="gray")
+        fig.add_hline(y=run.baseline_figure, line_dash="dot", line_color="gray")
     groups = [("defaults (baseline, A/A, other devices)", lambda t: t.source in ("baseline", "aa", "device"),
                "gray", "circle"),
               ("drift checks", lambda t: t.source == "drift", "orange", "diamond"),
@@ -75,28 +74,28 @@ def speed_over_time(run: Run, trials: list[Trial]) -> str:
     for name, keep, color, symbol in groups:
         pts = [t for t in measured if keep(t)]
         if pts:
-            fig.add_trace(go.Scatter(x=[t.finished_at for t in pts], y=[t.tps for t in pts], mode="markers",
+            fig.add_trace(go.Scatter(x=[t.finished_at for t in pts], y=[t.figure for t in pts], mode="markers",
                                      name=name, marker=dict(color=color, symbol=symbol, size=11),
                                      hovertext=[_label(t) for t in pts], hoverinfo="text+y"))
     fig.update_layout(title="Output tokens/s of every trial (search prompts) over the night",
-                      xaxis_title="finished (UTC)", yaxis_title=unit((run.settings or {}).get("traffic")))
+                      xaxis_title="finished (UTC)", yaxis_title=objective.of_run(run).unit)
     return _figure(fig)
 
 
 def _versus(trials: list[Trial], x_of: Callable[[Trial], float | None], x_title: str, title: str) -> str:
     import plotly.graph_objects as go
 
-    pts = [t for t in trials if t.tps_ratio and x_of(t) is not None and t.source in CANDIDATES]
+    pts = [t for t in trials if t.search_ratio and x_of(t) is not None and t.source in CANDIDATES]
     fig = go.Figure()
     if not pts:
         fig.add_annotation(text="no candidate has both figures yet", showarrow=False)
-    front = pareto([(t.tps_ratio, x_of(t), t.number) for t in pts])
+    front = pareto([(t.search_ratio, x_of(t), t.number) for t in pts])
     rest = [t for t in pts if t.number not in front]
-    fig.add_trace(go.Scatter(x=[x_of(t) for t in rest], y=[t.tps_ratio for t in rest], mode="markers",
+    fig.add_trace(go.Scatter(x=[x_of(t) for t in rest], y=[t.search_ratio for t in rest], mode="markers",
                              name="trials", marker=dict(color="steelblue", size=10),
                              hovertext=[_label(t) for t in rest], hoverinfo="text"))
     on = sorted((t for t in pts if t.number in front), key=x_of)
-    fig.add_trace(go.Scatter(x=[x_of(t) for t in on], y=[t.tps_ratio for t in on], mode="lines+markers",
+    fig.add_trace(go.Scatter(x=[x_of(t) for t in on], y=[t.search_ratio for t in on], mode="lines+markers",
                              name="Pareto front", marker=dict(color="crimson", size=12, symbol="star"),
                              hovertext=[_label(t) for t in on], hoverinfo="text"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
@@ -126,7 +125,7 @@ def failures(trials: list[Trial], rules: list[LearnedRule]) -> str:
                           r.message[:300]] for r in rules]) if rules else "<p>None: vLLM refused nothing.</p>")
     pruned = [t for t in trials if t.status == "pruned"]
     parts.append("<h3>Pruned trials (stopped once they could not beat the defaults)</h3>")
-    parts.append(_table(["trial", f"{unit(trials[0].meter if trials else None)} when stopped", "why"], [[t.number, t.tps, "; ".join(t.gate_reasons)[:300]]
+    parts.append(_table(["trial", f"{objective.of(trials[0].meter if trials else None).unit} when stopped", "why"], [[t.number, t.figure, "; ".join(t.gate_reasons)[:300]]
                                                                 for t in pruned]) if pruned else "<p>None.</p>")
     return "".join(parts)
 
@@ -134,7 +133,7 @@ def failures(trials: list[Trial], rules: list[LearnedRule]) -> str:
 def importance(study) -> str:
     import plotly.graph_objects as go
 
-    from agent import study as studies
+    from agent import objective, study as studies
 
     try:
         values = studies.importances(study)
@@ -159,7 +158,7 @@ def branch_section(run: Run, trials: list[Trial], show: Callable[[str, str], str
                           for f in (t.flips or [])[:12] if isinstance(f, dict))
         parts.append(
             f"<div class='branch'><h3>{html.escape(t.branch)}: {html.escape(_claim(t))}</h3>"
-            f"<p>search {t.tps_ratio:.3f}x, {t.tps:.2f} {unit(t.meter)} against {run.baseline_tps:.2f}; perplexity "
+            f"<p>search {t.search_ratio:.3f}x, {t.figure:.2f} {objective.of(t.meter).unit} against {run.baseline_figure:.2f}; perplexity "
             f"{(t.ppl_change or 0):+.2%}; greedy agreement {(t.agreement or 0):.0%} under the {html.escape(t.rule or '')} "
             f"rule; {len(t.flips or [])} near-tie flip(s){': ' + html.escape(flips) if flips else ''}</p>"
             f"<p>{html.escape(t.rationale or '')}</p>"
@@ -184,15 +183,15 @@ def render(run: Run, trials: list[Trial], rules: list[LearnedRule], study,
                f"{html.escape(run.workload)}; {run.status}, started {run.started_at}, deadline {run.deadline_at}.</p>"
                + (f"<p>Traffic: {html.escape(traffic_line(run_meter(run), run.settings.get('traffic_source')))}.</p>"
                   if (run.settings or {}).get("traffic") else "")
-               + f"<p>Defaults: {run.baseline_tps or 0:.2f} {unit((run.settings or {}).get('traffic'))}, noise ±{(run.noise or 0):.1%} log-sd between server "
+               + f"<p>Defaults: {run.baseline_figure or 0:.2f} {objective.of_run(run).unit}, noise ±{(run.noise or 0):.1%} log-sd between server "
                f"instances ({run.noise_df or 0} df), perplexity {run.baseline_ppl or 0:.4f}. "
                f"{html.escape(cal.get('aa') or '')}. Greedy rule {html.escape(str(cal.get('rule', '')))}"
                f"{', tau %.3f nats' % cal['tau'] if 'tau' in cal else ''}.</p>"
                f"<p>{len(trials)} trials: {len(candidates)} candidates, {sum(1 for t in trials if t.branch)} accepted, "
                f"{sum(1 for t in trials if t.status == 'failed')} failed, {sum(1 for t in trials if t.status == 'pruned')} "
                f"pruned, {len(speed_only)} measured for speed only.</p>")
-    rows = [[t.number, t.source, t.status, t.decision, f"{t.tps:.2f}" if t.tps else "",
-             f"{t.tps_ratio:.3f}" if t.tps_ratio else "", _claim(t) if t.heldout_ratio else "",
+    rows = [[t.number, t.source, t.status, t.decision, f"{t.figure:.2f}" if t.figure else "",
+             f"{t.search_ratio:.3f}" if t.search_ratio else "", _claim(t) if t.heldout_ratio else "",
              f"{t.ppl_change:+.2%}" if t.ppl_change is not None else "",
              describe(t.params) or "engine defaults", t.rationale or ""]
             for t in trials]
@@ -210,10 +209,10 @@ def render(run: Run, trials: list[Trial], rules: list[LearnedRule], study,
         "importance": ("Which knobs mattered", importance(study) if study is not None else
                        "<p>The run's Optuna study is not in this storage.</p>"),
         "speed-only": ("Measured for speed only (no quality phase: too slow to be accepted)", _table(
-            ["trial", unit((run.settings or {}).get("traffic")), "ratio", "why"], [[t.number, t.tps, t.tps_ratio, "; ".join(t.gate_reasons)[:300]]
+            ["trial", objective.of_run(run).unit, "ratio", "why"], [[t.number, t.figure, t.search_ratio, "; ".join(t.gate_reasons)[:300]]
                                                  for t in speed_only]) if speed_only else "<p>None.</p>"),
         "trials": ("Every trial, with the planner's reason", _table(
-            ["#", "source", "status", "decision", unit((run.settings or {}).get("traffic")), "ratio", "held-out claim", "ppl", "config", "why"], rows)),
+            ["#", "source", "status", "decision", objective.of_run(run).unit, "ratio", "held-out claim", "ppl", "config", "why"], rows)),
     }
     sections = "".join(f"<section id='{key}'><h2>{html.escape(title)}</h2>{content}</section>"
                        for key, (title, content) in ((k, body[k]) for k in SECTIONS))

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 from rich.table import Table
 
-from agent import budget, refusals
-from agent.gate import fmt_ms, geomean, unit
+from agent import budget, objective, refusals
+from agent.gate import fmt_ms, geomean
 from agent.ledger import LearnedRule, RangeChange, Run, Trial
 from agent.states import DEFAULTS_ON_SEARCH
 
@@ -17,7 +17,7 @@ P99S = (("ttft_p99_ms", "TTFT"), ("itl_p99_ms", "ITL"))
 
 def claim(t: Trial) -> str:
     """A branch's claim as the morning reader needs it: held-out ratio and bounds, search ratio beside."""
-    return f"{t.held_out_claim}, {t.tps_ratio:.3f}x search" if t.held_out_claim else f"{t.tps_ratio:.3f}x search"
+    return f"{t.held_out_claim}, {t.search_ratio:.3f}x search" if t.held_out_claim else f"{t.search_ratio:.3f}x search"
 
 
 def defaults_p99(trials: list[Trial], attr: str) -> float | None:
@@ -48,10 +48,10 @@ def summary(run: Run, trials: list[Trial]) -> Iterator[str]:
     accepted = [t for t in trials if t.branch]
     failed = [t for t in trials if t.status == "failed"]
     yield (f"finished: run {run.id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
-           f"baseline {run.baseline_tps:.2f} {unit((run.settings or {}).get('traffic'))} (noise ±{run.noise:.1%} "
+           f"baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} (noise ±{run.noise:.1%} "
            f"log-sd, {run.noise_df} df)")
     for t in sorted(accepted, key=lambda t: -t.claimed_ratio):
-        yield f"  {t.branch}: {t.tps:.2f} {unit(t.meter)}, {claim(t)}, ppl {t.ppl_change:+.2%}, {latencies(t, trials)}"
+        yield f"  {t.branch}: {t.figure:.2f} {objective.of(t.meter).unit}, {claim(t)}, ppl {t.ppl_change:+.2%}, {latencies(t, trials)}"
 
 
 def branch_table(trials: list[Trial]) -> Table | str:
@@ -60,12 +60,12 @@ def branch_table(trials: list[Trial]) -> Table | str:
     rows = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     if not rows:
         return "no proposals yet"
-    table = Table("branch", unit(rows[0].meter), "claim (held-out vs defaults, bounds)", "search", "latency",
+    table = Table("branch", objective.of(rows[0].meter).unit, "claim (held-out vs defaults, bounds)", "search", "latency",
                   "ppl change", "agreement", "near-tie flips", "rule", "source", "commit")
     for t in rows:
         held = (f"{t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
                 if t.heldout_ratio is not None and t.heldout_interval else "")
-        table.add_row(t.branch, f"{t.tps:.2f}", held, f"{t.tps_ratio:.3f}x", latencies(t, trials),
+        table.add_row(t.branch, f"{t.figure:.2f}", held, f"{t.search_ratio:.3f}x", latencies(t, trials),
                       f"{t.ppl_change:+.2%}",
                       f"{t.agreement:.0%}", str(len(t.flips or [])), t.rule or "", t.source, (t.commit or "")[:10])
     return table
@@ -79,8 +79,8 @@ def report(row: Run, trials: list[Trial], rules: list[LearnedRule], narrowings: 
            + (f", finished {row.finished_at}" if row.finished_at else ""))
     yield (f"  {row.model} on {row.engine} {row.engine_version}, {row.hardware.get('cpu')} "
            f"({row.hardware.get('cpus')} cores{', ' + ', '.join(row.hardware['gpus']) if row.hardware.get('gpus') else ''})")
-    if row.baseline_tps:
-        yield (f"  baseline {row.baseline_tps:.2f} {unit((row.settings or {}).get('traffic'))}, noise ±{row.noise:.1%} "
+    if row.baseline_figure:
+        yield (f"  baseline {row.baseline_figure:.2f} {objective.of_run(row).unit}, noise ±{row.noise:.1%} "
                f"log-sd ({row.noise_df} df), ppl {row.baseline_ppl:.4f}; workload {row.workload}")
         found = [f"{name} {fmt_ms(p)} ms" for attr, name in P99S if (p := defaults_p99(trials, attr))]
         if found:
@@ -118,7 +118,7 @@ def report(row: Run, trials: list[Trial], rules: list[LearnedRule], narrowings: 
         yield f"  narrowed {c.knob} to [{c.low:g}, {c.high:g}] after trial {c.after_trial}: {c.rationale}"
     drift = [t for t in trials if t.source == "drift"]
     if drift:
-        yield f"  drift checks: {', '.join(f'{t.tps_ratio:.3f}x' for t in drift if t.tps_ratio)}"
+        yield f"  drift checks: {', '.join(f'{t.search_ratio:.3f}x' for t in drift if t.search_ratio)}"
     accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     for t in accepted:
         yield (f"  {t.branch}: {claim(t)}, {latencies(t, trials)}, ppl {t.ppl_change:+.2%}, {len(t.flips or [])} "
@@ -126,7 +126,7 @@ def report(row: Run, trials: list[Trial], rules: list[LearnedRule], narrowings: 
     for t in (t for t in trials if t.decision == "dominated"):
         yield f"  trial {t.number} dominated (not branched): {claim(t)}, {latencies(t, trials)}: {t.gate_reasons[-1]}"
     for t in (t for t in trials if on_latency(t)):   # faster, perhaps, but by holding requests longer
-        yield (f"  trial {t.number} refused on latency: {t.tps_ratio:.3f}x search, {latencies(t, trials)} "
+        yield (f"  trial {t.number} refused on latency: {t.search_ratio:.3f}x search, {latencies(t, trials)} "
                f"[{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
     if not accepted:
         yield "  no accepted config yet"

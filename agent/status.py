@@ -12,9 +12,8 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-from agent import crew, refusals
+from agent import crew, objective, refusals
 from agent.budget import minutes, plan_line
-from agent.gate import unit
 from agent.ledger import Ledger, Run, Trial, Worker
 from agent.recovery import lock_holder
 
@@ -87,9 +86,9 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
         when = (f"{minutes((now - started).total_seconds())} elapsed, "
                 + (f"{minutes(left)} left" if left > 0 else "past its deadline"))
     lines = [f"run {run.id} ({state}): {when}; {run.model}"]
-    if run.baseline_tps:
+    if run.baseline_figure:
         aa = (run.calibration or {}).get("aa") or "A/A check not judged yet"
-        lines.append(f"  baseline {run.baseline_tps:.2f} {unit((run.settings or {}).get('traffic'))} (noise ±{(run.noise or 0):.1%} log-sd); {aa}")
+        lines.append(f"  baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} (noise ±{(run.noise or 0):.1%} log-sd); {aa}")
     if plan := (run.calibration or {}).get("plan"):
         lines.append(f"  {plan_line(plan)}")
     lines += crew_lines(list(workers), trials)
@@ -108,7 +107,7 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
     accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     if accepted:
         b = accepted[0]
-        lines.append(f"  best so far: {b.branch} {b.held_out_claim or f'{b.tps_ratio:.3f}x'}, trial {b.number}")
+        lines.append(f"  best so far: {b.branch} {b.held_out_claim or f'{b.search_ratio:.3f}x'}, trial {b.number}")
     else:
         lines.append("  best so far: nothing accepted yet")
     done = [t for t in trials if t.status != "running"]

@@ -21,12 +21,15 @@ from pathlib import Path
 
 import git
 
-from agent import hub
+from agent import hub, objective
 from agent.context import settings_of
 from agent.ledger import Ledger
 from agent.stats import compare, pooled_noise
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
+# The names a branch's results.json gave its figures before they were named by unit (2026-12-06).
+OLD_NAMES = {"tps": "figure", "tps_ratio": "search_ratio", "baseline_tps": "baseline_figure",
+             "tps_corrected": "figure_corrected", "heldout_tps": "heldout_figure", "tps_repeats": "repeat_figures"}
 
 
 class VerifyError(ValueError):
@@ -49,6 +52,9 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
         claim = json.loads(repo.git.show(f"{branch}:serving/results.json"))
     except git.GitCommandError:
         raise VerifyError(f"{branch}: no serving/results.json on that branch in {repo.working_dir}") from None
+    for old, new in OLD_NAMES.items():   # a branch from an older agent
+        if old in claim:
+            claim.setdefault(new, claim[old])
     run = ledger.run(claim["run"])
     if run is None:
         raise VerifyError(f"{branch}: run {claim['run']} is not in the ledger")
@@ -77,10 +83,10 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
             check(rules, claim["flags"], claim["env"], f"{branch}:serving/results.json")
         except SpecError as e:
             raise VerifyError(f"{e}: the run's space does not allow it; nothing was started") from None
-    claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["tps_ratio"]
+    claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["search_ratio"]
     band = (claimed * (1 - tolerance), claimed * (1 + tolerance))
     # The run's own instances of the defaults measured the noise: their spread joins this one's.
-    run_defaults = [t.tps for t in ledger.trials(run.id) if t.source in ("baseline", "aa") and t.status == "ok"]
+    run_defaults = [t.figure for t in ledger.trials(run.id) if t.source in ("baseline", "aa") and t.status == "ok"]
     prior = used.gate.noise_prior   # the one the run's gate used
     figures: dict[str, list[float]] = {"defaults": [], "candidate": []}
     verdict, c = UNDECIDED, None
@@ -104,6 +110,6 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
         "branch": branch, "split": split, "verdict": verdict, "claimed_ratio": claimed,
         "band": [round(band[0], 4), round(band[1], 4)], "ratio": round(c.ratio, 4),
         "interval": [round(c.low, 4), round(c.high, 4)], "rounds": len(figures["candidate"]),
-        "recorded_ratio": claim["tps_ratio"], "defaults_tps": figures["defaults"],
-        "candidate_tps": figures["candidate"], "noise_log_sd": round(noise.sd, 5), "noise_df": noise.df,
+        "recorded_ratio": claim["search_ratio"], "unit": objective.of_run(run).unit,
+        "defaults_figures": figures["defaults"], "candidate_figures": figures["candidate"], "noise_log_sd": round(noise.sd, 5), "noise_df": noise.df,
     }

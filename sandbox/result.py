@@ -55,7 +55,7 @@ class Figures:
     tpot_ms: dict[str, float] = field(default_factory=dict)    # per request: (latency - TTFT) / (tokens - 1)
     latency_ms: dict[str, float] = field(default_factory=dict)
     finish: dict[str, int] = field(default_factory=dict)       # how the requests ended: eos, stop, length
-    repeats_tps: list[float] = field(default_factory=list)     # each repeat (each goodput rate point: the rate)
+    repeat_figures: list[float] = field(default_factory=list)  # each repeat's figure (under goodput: each rate point)
     draw_hash: str | None = None
     draw_hashes: list[str | None] = field(default_factory=list)
     goodput: dict | None = None          # sandbox.goodput.Found.as_dict() under the objective goodput
@@ -103,7 +103,7 @@ class TrialResult:
     bench_heldout: Figures | None = None
     quality: Quality | None = None
     quality_skipped: str | None = None   # why quality was not measured: too slow to be accepted anyway
-    pruned: dict | None = None           # after_requests, of, upper_tps, below_tps (under goodput: requests/s)
+    pruned: dict | None = None           # after_requests, of, upper, below: figures under the objective
     metrics: dict | None = None          # the engine's Prometheus counters over the measured phase
     timings: dict[str, float] = field(default_factory=dict)
     workload: dict = field(default_factory=dict)        # the meter: name, version, hash, split, summary

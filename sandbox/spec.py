@@ -80,9 +80,9 @@ class TrialSpec:
     deadlines: Deadlines = field(default_factory=Deadlines)
     trust_remote_code: bool = False
     repeats: int = 1  # measured phases on the same server; the result reports their median
-    prune_below_tps: float | None = None  # stop the benchmark once its figure cannot reach this (bench.Pruner;
+    prune_below: float | None = None  # stop the benchmark once its figure cannot reach this (bench.Pruner;
     #                                       under goodput, in requests/s: goodput.search's give_up_below)
-    quality_above_tps: float | None = None  # measure quality only when the benchmark's TPS is above this
+    quality_above: float | None = None  # measure quality only when the benchmark's figure is above this
     goodput_start: float | None = None  # under goodput: the search's start, a figure the run measured
     #                                     (the defaults' goodput, or a candidate's own for its held-out instance)
 
@@ -155,7 +155,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code", "repeats",
-             "heldout_bench", "prune_below_tps", "quality_above_tps", "quality_text", "goodput_start"}
+             "heldout_bench", "prune_below", "quality_above", "quality_text", "goodput_start"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SpecError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -171,14 +171,14 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     heldout = raw.get("heldout_bench", False)
     if not isinstance(heldout, bool):
         raise SpecError(f"{source}.heldout_bench: {heldout!r} is not true or false")
-    for key in ("prune_below_tps", "quality_above_tps"):
+    for key in ("prune_below", "quality_above"):
         value = raw.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e7):
             raise SpecError(f"{source}.{key}: {value!r} is not a figure from 0 to 1e7")
     start = raw.get("goodput_start")
     if start is not None and (isinstance(start, bool) or not isinstance(start, (int, float)) or not 0 < start <= 1000):
         raise SpecError(f"{source}.goodput_start: {start!r} is not a request rate above 0 and at most 1000")
-    prune, quality_above = raw.get("prune_below_tps"), raw.get("quality_above_tps")
+    prune, quality_above = raw.get("prune_below"), raw.get("quality_above")
     quality_text = raw.get("quality_text")
     if quality_text is not None and not isinstance(quality_text, str):
         raise SpecError(f"{source}.quality_text: {quality_text!r} is not a file path")
@@ -203,8 +203,8 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         trust_remote_code=trust,
         repeats=repeats,
         heldout_bench=heldout,
-        prune_below_tps=float(prune) if prune is not None else None,
-        quality_above_tps=float(quality_above) if quality_above is not None else None,
+        prune_below=float(prune) if prune is not None else None,
+        quality_above=float(quality_above) if quality_above is not None else None,
         goodput_start=float(start) if start is not None else None,
     )
 

@@ -135,7 +135,7 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
                            give_up_below=give_up_below, near=start is not None)
     if found.pruned_at is not None:   # hopeless: its figure is the rate it broke at, an upper bound
         return Figures(**measured[-1].to_dict(), objective="goodput", figure=found.pruned_at, goodput=found.as_dict(),
-                       repeats_tps=[found.pruned_at], points_tps=[m.tps for m in measured],
+                       repeat_figures=[found.pruned_at], points_tps=[m.tps for m in measured],
                        draw_hashes=[m.draw_hash for m in measured])
     if found.rate == 0 and found.burst:   # the first point held only as a burst: no load was judged
         raise TrialFailure("bad_output", f"goodput: {found.burst}")
@@ -150,7 +150,7 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
     held = [m for m, p in zip(measured, found.points) if p.held and p.rate == found.bounds[0]]
     shown = held[0] if held else measured[0]
     return Figures(**shown.to_dict(), objective="goodput", figure=found.rate, goodput=found.as_dict(),
-                   repeats_tps=[found.rate], points_tps=[m.tps for m in measured],
+                   repeat_figures=[found.rate], points_tps=[m.tps for m in measured],
                    draw_hashes=[m.draw_hash for m in measured])
 
 
@@ -218,16 +218,16 @@ class TrialRun:
         spec, workload = self.spec, self.spec.workload
         if workload.objective == "goodput":
             self.result.bench = found = self.goodput(workload, start=spec.goodput_start,
-                                                     give_up_below=spec.prune_below_tps)
+                                                     give_up_below=spec.prune_below)
             self.lap("benchmark")
             if found.goodput["pruned_at"] is not None:
                 self.result.status = "pruned"
                 self.result.pruned = {"after_requests": sum(p["requests"] for p in found.goodput["points"]),
                                       "of": workload.rate_points() * workload.num_prompts,
-                                      "upper_tps": found.figure, "below_tps": spec.prune_below_tps}
+                                      "upper": found.figure, "below": spec.prune_below}
             return
-        pruner = (bench.Pruner.for_workload(spec.prune_below_tps, workload)   # it bounds tokens/s: tps only
-                  if spec.prune_below_tps is not None and workload.objective == "tps" else None)
+        pruner = (bench.Pruner.for_workload(spec.prune_below, workload)   # it bounds tokens/s: tps only
+                  if spec.prune_below is not None and workload.objective == "tps" else None)
         runs = []
         with deadline((self.bench_s + _span(workload, spec.repeats)) * spec.repeats + 10, self.phase):
             for repeat in range(spec.repeats):   # fresh requests each repeat: nothing replayed to this server
@@ -246,7 +246,7 @@ class TrialRun:
         if pruner and pruner.pruned:
             self.result.status = "pruned"
             self.result.pruned = {"after_requests": last.requests, "of": workload.num_prompts,
-                                     "upper_tps": round(pruner.upper_tps, 3), "below_tps": spec.prune_below_tps}
+                                     "upper": round(pruner.upper_tps, 3), "below": spec.prune_below}
             return
         if figures.output_tokens == 0 or figures.short_outputs:
             raise TrialFailure("bad_output", f"{figures.short_outputs} of {figures.requests} requests did not "
@@ -319,26 +319,33 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
     tokens, wall = sum(r.output_tokens for r in reps), sum(r.wall_s for r in reps)
     counted = sum(r.window_tokens if r.window_s else r.output_tokens for r in reps)
     span = sum(r.window_s or r.wall_s for r in reps)
-    tps = round(counted / span, 3) if span > 0 else 0.0
-    figure = tps
-    if latency := latency_of(objective):
-        field_name, q = latency
-        value = bench.percentiles([v for r in reps for v in r.samples.get(field_name, [])]).get(q)
-        figure = round(1000 / value, 6) if value else 0.0
     finish: dict[str, int] = {}
     for r in reps:
         for k, v in r.finish.items():
             finish[k] = finish.get(k, 0) + v
     windowed = all(r.window_s for r in reps)
-    return Figures(**{**median.to_dict(), "tps": tps, "output_tokens": tokens,
+    return Figures(**{**median.to_dict(), "tps": figure_of(reps, "tps"), "output_tokens": tokens,
                       "wall_s": round(wall, 3), "requests": sum(r.requests for r in reps), "finish": finish,
                       "phase_tps": round(tokens / wall, 3) if wall > 0 else 0.0,
                       "window_s": round(span, 3) if windowed else None,
                       "window_tokens": counted if windowed else None,
-                      "objective": objective, "figure": figure,
+                      "objective": objective, "figure": figure_of(reps, objective),
                       "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
                       "repeat_hits": sum(r.repeat_hits for r in reps), "repeat_words": sum(r.repeat_words for r in reps),
-                      "repeats_tps": [r.tps for r in reps], "draw_hashes": [r.draw_hash for r in reps]})
+                      "repeat_figures": [figure_of([r], objective) for r in reps],
+                      "draw_hashes": [r.draw_hash for r in reps]})
+
+
+def figure_of(reps: list[bench.BenchResult], objective: str) -> float:
+    """Repeats' figure under the objective: their counted tokens over their counted time, or 1000 / the
+    objective's latency percentile over all their requests."""
+    if latency := latency_of(objective):
+        field_name, q = latency
+        value = bench.percentiles([v for r in reps for v in r.samples.get(field_name, [])]).get(q)
+        return round(1000 / value, 6) if value else 0.0
+    counted = sum(r.window_tokens if r.window_s else r.output_tokens for r in reps)
+    span = sum(r.window_s or r.wall_s for r in reps)
+    return round(counted / span, 3) if span > 0 else 0.0
 
 
 def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = None,
@@ -358,10 +365,10 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
             if spec.heldout_bench:
                 run.heldout()
             if spec.quality is not None:  # None: a speed re-check, quality was measured already
-                if spec.quality_above_tps is None or run.result.bench.value > spec.quality_above_tps:
+                if spec.quality_above is None or run.result.bench.value > spec.quality_above:
                     run.quality()
                 else:   # too slow to be accepted whatever its quality: the seconds go to the next trial
-                    run.result.quality_skipped = f"{run.result.bench.value} is not above {spec.quality_above_tps}"
+                    run.result.quality_skipped = f"{run.result.bench.value} is not above {spec.quality_above}"
     except TrialFailure as failure:
         run.fail(failure.klass, failure.message, failure.log_tail, failure.cause)
     except PhaseTimeout:

@@ -66,7 +66,7 @@ def copy_baseline(ledger: Ledger, source: Run, target: Run) -> None:
         if t.source == "baseline":
             values = {k: v for k, v in as_dict(t).items() if k not in ("id", "run_id")}
             ledger.add(Trial(run_id=target.id, **values))
-    ledger.update(target, baseline_tps=source.baseline_tps, baseline_ppl=source.baseline_ppl, noise=source.noise)
+    ledger.update(target, baseline_figure=source.baseline_figure, baseline_ppl=source.baseline_ppl, noise=source.noise)
 
 
 def best_curve(ledger: Ledger, run_id: str, trials: int) -> list[float]:
@@ -76,7 +76,7 @@ def best_curve(ledger: Ledger, run_id: str, trials: int) -> list[float]:
         if t.source == "baseline" or t.status == "skipped":
             continue
         if t.gate_passed:
-            best = max(best, t.tps_ratio)
+            best = max(best, t.search_ratio)
         curve.append(best)
     return (curve + [best] * trials)[:trials]
 

@@ -69,7 +69,7 @@ def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings, base
     def more(cfg):
         return lambda: measure(engine, cfg, quality=False).bench.tps
 
-    decision = decide(first_heldout, base, settings, more(config), more(DEFAULTS), screened.tps_ratio)
+    decision = decide(first_heldout, base, settings, more(config), more(DEFAULTS), screened.search_ratio)
     spent += len(decision.candidate) + len(decision.extra_defaults)
     return decision.accepted, spent
 

@@ -41,7 +41,7 @@ def armed(window: str) -> None:
         def recording(ledger, row, result):
             row = record(ledger, row, result)
             if row.source in CANDIDATES:
-                die(f"trial {row.number} recorded ({row.status}, {row.tps} tok/s), not yet gated")
+                die(f"trial {row.number} recorded ({row.status}, {row.figure}), not yet gated")
             return row
 
         decision.record = recording
@@ -89,7 +89,7 @@ def main() -> int:
     for t in Ledger(home / "ledger.sqlite").trials(run.id):
         if t.source in ("planner", "sampler"):
             print(json.dumps({"trial": t.number, "source": t.source, "status": t.status, "decision": t.decision,
-                              "tps_ratio": t.tps_ratio, "heldout_ratio": t.heldout_ratio, "branch": t.branch,
+                              "search_ratio": t.search_ratio, "heldout_ratio": t.heldout_ratio, "branch": t.branch,
                               "params": t.params}))
     return 0
 

@@ -50,10 +50,13 @@ run_cols = set(Run.__table__.columns.keys())
 run = Run(id="old", deadline_at="2026-11-29T23:00:00+00:00", model="m", space_path="vllm-cpu",
           space_hash="h", workload="smoke", repo="/old/home/proposals", settings=settings, status="finished",
           finished_at="2026-11-29T23:00:00+00:00",
-          **{k: v for k, v in {"baseline_tps": 18.0, "baseline_ppl": 8.0, "noise": 0.03}.items() if k in run_cols})
+          **{k: v for k, v in {"baseline_tps": 18.0, "baseline_figure": 18.0, "baseline_ppl": 8.0, "noise": 0.03}.items()
+             if k in run_cols})
 ledger.add(run)
 cols = set(Trial.__table__.columns.keys())
+NOW = {"tps": "figure", "tps_ratio": "search_ratio", "baseline_tps": "baseline_figure"}   # named by unit, 2026-12-06
 def trial(number, **values):
+    values = {k if k in cols else NOW.get(k, k): v for k, v in values.items()}
     values = {k: v for k, v in values.items() if k in cols}
     row = Trial(run_id="old", number=number, **values)
     ledger.add(row)

@@ -127,14 +127,14 @@ class SimulatedEngine:
         ppl = 4.674 * (1.004 if lossy else 1.0)
         bench_s = self.bench_tokens / tps * max(1, spec.get("repeats", 1))
         timings = {"start_s": start_s, "warmup_s": 5.0, "benchmark_s": bench_s}
-        if spec.get("prune_below_tps") and tps * 4 / 3 < spec["prune_below_tps"]:   # the Pruner after 3 of 24
+        if spec.get("prune_below") and tps * 4 / 3 < spec["prune_below"]:   # the Pruner after 3 of 24
             timings["benchmark_s"] = bench_s * 3 / 24 / max(1, spec.get("repeats", 1))
             self.clock += sum(timings.values())
             return TrialResult(status="pruned", log_path=str(trial_dir / "server.log"),
-                               pruned={"after_requests": 3, "of": 24, "upper_tps": round(tps * 4 / 3, 3),
-                                       "below_tps": spec["prune_below_tps"]},
+                               pruned={"after_requests": 3, "of": 24, "upper": round(tps * 4 / 3, 3),
+                                       "below": spec["prune_below"]},
                                workload={"name": str(spec["workload"]), "hash": "simulated", "meter_version": 1},
-                               bench=Figures(tps=round(tps, 3), repeats_tps=[tps], requests=3), metrics={},
+                               bench=Figures(tps=round(tps, 3), repeat_figures=[tps], requests=3), metrics={},
                                timings=timings)
         if spec.get("quality") != "none":
             timings["quality_s"] = self.quality_s
@@ -142,7 +142,7 @@ class SimulatedEngine:
             timings["heldout_s"] = bench_s
         self.clock += sum(timings.values())
         share = self.repeat_share()
-        bench = Figures(tps=round(sorted(repeats)[len(repeats) // 2], 3), repeats_tps=repeats,
+        bench = Figures(tps=round(sorted(repeats)[len(repeats) // 2], 3), repeat_figures=repeats,
                         ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0},
                         repeat_hits=round(1000 * share) if share is not None else 0, repeat_words=1000 if share is not None else 0)
         return TrialResult(

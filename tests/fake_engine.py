@@ -93,14 +93,14 @@ class FakeEngine:
         tps *= 1 + 0.005 * (self.calls % 3)          # instance-to-instance noise, about ±0.5%
         if self.slowdown and self.calls > self.slowdown[0]:
             tps *= self.slowdown[1]
-        if spec.get("prune_below_tps") and tps < spec["prune_below_tps"]:   # the worker's Pruner, in one line
+        if spec.get("prune_below") and tps < spec["prune_below"]:   # the worker's Pruner, in one line
             return TrialResult(status="pruned", log_path=str(trial_dir / "server.log"),
-                               pruned={"after_requests": 3, "of": 4, "upper_tps": round(tps * 4 / 3, 3),
-                                       "below_tps": spec["prune_below_tps"]},
-                               workload=self.meter(spec), bench=Figures(tps=round(tps, 3), repeats_tps=[tps], requests=3),
+                               pruned={"after_requests": 3, "of": 4, "upper": round(tps * 4 / 3, 3),
+                                       "below": spec["prune_below"]},
+                               workload=self.meter(spec), bench=Figures(tps=round(tps, 3), repeat_figures=[tps], requests=3),
                                metrics={}, timings={"start_s": 0.01, "benchmark_s": 0.01})
         ppl = 8.5 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 8.0
-        skip_quality = spec.get("quality_above_tps") is not None and tps <= spec["quality_above_tps"]
+        skip_quality = spec.get("quality_above") is not None and tps <= spec["quality_above"]
         greedy = [list(g) for g in GREEDY]
         if flags.get("block-size") == 128:          # a "lossless" knob that is not: flips one token
             greedy[0][2] += 1
@@ -115,7 +115,7 @@ class FakeEngine:
             status="ok", log_path=str(trial_dir / "server.log"),
             bench_heldout=Figures(tps=round(tps * 0.97, 3), **figure(tps * 0.97)) if spec.get("heldout_bench") else None,
             workload=self.meter(spec),
-            bench=Figures(tps=round(tps, 3), repeats_tps=[tps, tps * 1.002, tps * 0.998],
+            bench=Figures(tps=round(tps, 3), repeat_figures=[tps, tps * 1.002, tps * 0.998],
                           ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0}, tpot_ms={"p99": 40.0},
                           latency_ms={"p99": 2000.0}, finish={"length": 4}, **figure(tps)),
             quality_skipped="slower" if skip_quality else None,

@@ -234,7 +234,7 @@ def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: f
                 "prompt_split": "search", "traffic": str(traffic), "arrivals": f"{rate},burstiness=1000,seed=1",
                 "objective": "goodput", "slo_ttft_p99_ms": ttft_ms}
     spec = specs.from_dict({"model": "fake", "workload": workload, "deadlines": {"start_s": 30},
-                            "heldout_bench": heldout, "prune_below_tps": prune_below,
+                            "heldout_bench": heldout, "prune_below": prune_below,
                             **({"goodput_start": start} if start else {})})
     out = tmp_path / f"s{slots}{out}"
     out.mkdir()
@@ -275,7 +275,7 @@ def latency_trial(tmp_path: Path, monkeypatch, token_s: float, objective: str, a
                 "prompt_split": "search", "traffic": str(traffic), "arrivals": arrivals, "objective": objective}
     spec = specs.from_dict({"model": "fake", "workload": workload, "repeats": 2, "deadlines": {"start_s": 30},
                             "heldout_bench": True,
-                            "prune_below_tps": 1e6})   # a pruner bounds tokens/s: not used under a latency objective
+                            "prune_below": 1e6})   # a pruner bounds tokens/s: not used under a latency objective
     out = tmp_path / f"o{token_s}"
     out.mkdir()
     return run_trial(spec, out / "server.log", out / "progress.json", launcher=FAKE)
@@ -355,7 +355,7 @@ def test_a_candidate_whose_goodput_cannot_reach_the_bar_is_pruned_where_a_load_b
     assert result.status == "pruned", result.failure
     assert [p["rate"] for p in result.bench.goodput["points"]] == [40, 20] and result.bench.figure == 20
     # of: the 11 fresh draws of 24 that the search split allows (about 4 in 5 of 400, less a warm-up and 32 for quality)
-    assert result.pruned == {"after_requests": 48, "of": 11 * 24, "upper_tps": 20, "below_tps": 25.0}
+    assert result.pruned == {"after_requests": 48, "of": 11 * 24, "upper": 20, "below": 25.0}
     assert result.bench_heldout is None and result.quality is None
 
 
@@ -409,16 +409,16 @@ def test_a_goodput_run_tells_optuna_decides_and_claims_in_requests_per_second(tm
     (run,) = Ledger(home / "ledger.sqlite").runs()
     spec = run.settings["workload"]
     assert spec["objective"] == "goodput" and spec["arrivals"] == "trace" and spec["slo_ttft_p99_ms"] == 2000
-    assert 0.8 < run.baseline_tps < 1.0   # 18 tok/s / 20: the figure, not tokens/s
+    assert 0.8 < run.baseline_figure < 1.0   # 18 tok/s / 20: the figure, not tokens/s
     trials = Ledger(home / "ledger.sqlite").trials(run.id)
     assert all(t.meter["objective"] == "goodput" and t.meter["arrivals"] == "trace:1" for t in trials if t.meter)
     study = optuna.load_study(study_name=run.id, storage=f"sqlite:///{home / 'optuna.sqlite'}")
     told = [ft.value for ft in study.trials if ft.value is not None]
     branched = [t for t in trials if t.branch]
-    assert told and branched and all(t.tps < 2 for t in branched)
+    assert told and branched and all(t.figure < 2 for t in branched)
     message = subprocess.run(["git", "-C", str(home / "proposals"), "log", "-1", "--format=%B", branched[0].branch],
                              capture_output=True, text=True, check=True).stdout
-    assert f"{branched[0].tps:.2f} req/s goodput" in message
+    assert f"{branched[0].figure:.2f} req/s goodput" in message
 
 
 def test_open_loop_latency_counts_from_arrival_so_a_wait_for_a_free_slot_is_seen(tmp_path):

@@ -215,7 +215,7 @@ def test_the_aa_instance_serves_held_out_decisions_and_stays_out_of_the_screen()
     base = baseline_of(first, GateSettings(), aa=Instance(9.9, 9.6, 8.0, g))
     # The screen compares with the two baseline instances alone: a slow A/A cannot make a candidate
     # look faster on the search prompts, and its held-out figure is independent of the screen.
-    assert base.search == [10.0, 10.1] and base.tps == pytest.approx(math.sqrt(10.0 * 10.1))
+    assert base.search == [10.0, 10.1] and base.figure == pytest.approx(math.sqrt(10.0 * 10.1))
     assert base.heldout == [9.6] and base.unscreened == (9.9,)
     # Its search figure is one more instance of the defaults in the noise (2 degrees of freedom, not 1).
     assert base.noise.df == 2 and base.noise == pooled_noise([[10.0, 10.1, 9.9]])
@@ -296,7 +296,7 @@ def test_a_faster_candidate_with_four_times_the_defaults_inter_token_p99_is_refu
     slow_stream = result(12.0, greedy(IDS), ttft=130.0, itl=84.0)   # 1.2x the tokens/s, 4x the ITL p99
     verdict = check(slow_stream, base, lossless=True)
     bound = gate.latency_bound(base.itl_p99, GateSettings())
-    assert verdict.tps_ratio == pytest.approx(1.2, rel=0.02)
+    assert verdict.search_ratio == pytest.approx(1.2, rel=0.02)
     assert not verdict.passed and not verdict.quality_ok
     assert verdict.reasons == [f"latency: p99 inter-token latency 84 ms is above the defaults' 21 ms beyond their "
                                f"noise (bound {bound:.0f} ms; set --slo-itl-p99-ms to allow it)"]

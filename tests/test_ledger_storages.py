@@ -58,13 +58,26 @@ def test_a_claim_has_one_winner_and_a_null_is_matched_as_null(ledger):
 
 def test_the_lifecycle_and_the_columns_are_checked_on_both(ledger):
     row = ledger.add_trial(Trial(run_id="r", source="planner", params={}))
-    ledger.transition(row, status="ok", tps=12.5, measured={"ttft_ms": {"p99": 80.0}})
+    ledger.transition(row, status="ok", figure=12.5, measured={"ttft_ms": {"p99": 80.0}})
     with pytest.raises(BadMove):
         ledger.transition(row, status="running")
     with pytest.raises(ValueError, match="no column"):
         ledger.transition(row, tsp=1.0)
     (back,) = ledger.trials("r")
-    assert (back.status, back.tps, back.measured) == ("ok", 12.5, {"ttft_ms": {"p99": 80.0}})
+    assert (back.status, back.figure, back.measured) == ("ok", 12.5, {"ttft_ms": {"p99": 80.0}})
+
+
+def test_the_figures_read_under_their_old_names_too_for_saved_sql(ledger):
+    """tps, tps_ratio, baseline_tps, ... were renamed for what they hold (agent.migrations.RENAMED); a
+    query written against the old names reads the same values, on a ledger created today too."""
+    row = ledger.add_trial(Trial(run_id="r", source="planner", params={}))
+    ledger.transition(row, status="ok", figure=12.5, search_ratio=1.25, figure_corrected=12.0, heldout_figure=11.0)
+    ledger.update(ledger.run("r"), baseline_figure=10.0)
+    ledger.add_repeats(row.id, 0, [12.0, 13.0])
+    old = ledger.sql("SELECT tps, tps_ratio, tps_corrected, heldout_tps FROM trials")
+    assert old == (["tps", "tps_ratio", "tps_corrected", "heldout_tps"], [(12.5, 1.25, 12.0, 11.0)])
+    assert ledger.sql("SELECT baseline_tps FROM runs")[1] == [(10.0,)]
+    assert ledger.sql("SELECT tps FROM repeats ORDER BY id")[1] == [(12.0,), (13.0,)]
 
 
 def test_the_clock_is_the_databases_in_one_form(ledger):

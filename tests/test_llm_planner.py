@@ -18,7 +18,7 @@ from sandbox import spec as specs
 SPACE = spaces.load("vllm-cpu")
 RUN = Run(id="r", model="m")
 HISTORY = [Trial(number=0, source="baseline", status="ok", params={}, metrics={"kv_cache_usage_max": 0.01},
-                 tps_ratio=1.0, ppl_change=0.0, agreement=1.0, gate_passed=None)]
+                 search_ratio=1.0, ppl_change=0.0, agreement=1.0, gate_passed=None)]
 GOOD = {"proposals": [{"params": {"VLLM_CPU_OMP_THREADS_BIND": "auto", "max-num-seqs": 8},
                        "rationale": "few streams; smaller batches", "expected": "lower latency"}]}
 

@@ -42,7 +42,7 @@ def test_baseline_first_then_sampler_trials_until_the_deadline(night):
     assert [t.source for t in trials[:3]] == ["baseline", "baseline", "aa"]
     assert {t.source for t in trials[3:]} <= {"planner", "sampler", "drift", "extra"} and len(trials) > 10
     assert {"planner", "sampler", "drift"} <= {t.source for t in trials[3:]}
-    assert run.status == "finished" and run.baseline_tps > 0 and 0 < run.noise < 0.02
+    assert run.status == "finished" and run.baseline_figure > 0 and 0 < run.noise < 0.02
     # The fake's trials take milliseconds, so the run ends within a moment of its deadline.
     assert datetime.fromisoformat(run.finished_at) <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=5)
 
@@ -93,7 +93,7 @@ def test_hopeless_configs_are_pruned_told_to_optuna_as_pruned_and_the_run_stays_
     trials = ledger.trials("rp")
     pruned = [t for t in trials if t.status == "pruned"]
     assert pruned and all(t.params.get("enforce-eager") for t in pruned)   # the fake's 0.8x knob, nothing else
-    assert all(t.decision == "pruned" and t.ppl is None and t.tps_ratio < 0.9 and "pruned after 3 of 4" in
+    assert all(t.decision == "pruned" and t.ppl is None and t.search_ratio < 0.9 and "pruned after 3 of 4" in
                t.gate_reasons[0] for t in pruned)
     # Never the defaults' instances, and never a config that is as fast as the defaults.
     assert not any(t.status == "pruned" for t in trials if t.source in ("baseline", "aa", "drift", "extra"))
@@ -102,12 +102,12 @@ def test_hopeless_configs_are_pruned_told_to_optuna_as_pruned_and_the_run_stays_
     states = {t.number: t for t in study.trials}
     for t in pruned:
         told = states[t.optuna_number]
-        assert told.state == optuna.trial.TrialState.PRUNED and told.intermediate_values == {0: t.tps_ratio}
+        assert told.state == optuna.trial.TrialState.PRUNED and told.intermediate_values == {0: t.search_ratio}
     assert recovery.problems(ledger, run, f"sqlite:///{tmp_path / 'o.sqlite'}", repo) == []
     # Measured to the end but no faster than the defaults: quality is not measured, and it says so.
     slower = [t for t in trials if t.decision == "speed-only"]
     assert any(t.params == {"enable-prefix-caching": False} for t in slower)
-    assert all(t.status == "ok" and t.ppl is None and t.tps_ratio <= 1.0 and "speed only" in t.gate_reasons[0]
+    assert all(t.status == "ok" and t.ppl is None and t.search_ratio <= 1.0 and "speed only" in t.gate_reasons[0]
                for t in slower)
     assert all(t.ppl is not None for t in trials
                if t.status == "ok" and t.decision != "speed-only" and t.source in ("planner", "sampler"))
@@ -138,7 +138,7 @@ def test_every_accepted_trial_has_a_branch_holding_its_config(night):
         config = yaml.safe_load(repo.git.show(f"{t.branch}:serving/config.yaml"))
         assert config == t.flags and repo.commit(t.branch).hexsha == t.commit
         message = repo.commit(t.branch).message
-        assert f"trial {t.number}: {t.tps:.2f} tok/s" in message and "Agent-Run: r1" in message
+        assert f"trial {t.number}: {t.figure:.2f} tok/s" in message and "Agent-Run: r1" in message
     rejected = [t for t in ledger.trials("r1") if t.gate_passed is False]
     assert all(t.branch is None for t in rejected)
 
@@ -150,7 +150,7 @@ def test_the_repeats_table_holds_every_server_of_a_decision_numbered_by_instance
     for t in decided:
         by = {}
         for r in ledger.repeats(t.id):
-            by.setdefault(r.instance, []).append(r.tps)
+            by.setdefault(r.instance, []).append(r.figure)
         # instance 0: the trial's own server, its 3 phases; then one entry per fresh held-out server
         assert sorted(by) == list(range(len(t.heldout_instances) + 1)) and len(by[0]) == 3
         assert all(len(by[k]) == 3 for k in by if k > 0)
@@ -224,8 +224,8 @@ def test_a_sampler_point_cut_by_a_crash_is_measured_again_after_the_resume(tmp_p
         started = 0
 
         def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
-            self.started += "prune_below_tps" in spec
-            if self.started == 7 and "prune_below_tps" in spec:
+            self.started += "prune_below" in spec
+            if self.started == 7 and "prune_below" in spec:
                 raise KeyboardInterrupt
             return super().evaluate(spec, trial_dir, timeout_s, on_phase)
 
@@ -303,6 +303,31 @@ def test_verify_re_measures_a_branch_against_the_defaults(night):
     report = verify(ledger, repo, best.branch, Slower(speculation_heldout=1.1), tmp_path / "verify2",
                     Rounds(max_rounds=4), say=lambda m: None)
     assert report["verdict"] == "does not hold" and report["interval"][1] < report["band"][0]
+
+
+def test_a_branch_an_older_agent_wrote_with_tps_names_still_verifies(night):
+    """Branches committed before the figures were named by unit (2026-12-06) say tps, tps_ratio, ...
+    in serving/results.json: `agent verify` reads them as it reads today's."""
+    import json
+
+    import git
+
+    from agent.verify import OLD_NAMES, Rounds, verify
+
+    ledger, repo, run, tmp_path, _ = night
+    best = max((t for t in ledger.trials("r1") if t.branch), key=lambda t: t.heldout_ratio)
+    today = json.loads(repo.git.show(f"{best.branch}:serving/results.json"))
+    back = {new: old for old, new in OLD_NAMES.items()}
+    older = {back.get(k, k): v for k, v in today.items() if k != "objective"}
+    assert older["tps_ratio"] == best.search_ratio and "search_ratio" not in older
+    tree = tmp_path / "older"
+    repo.git.worktree("add", "-b", "older-agent", str(tree), best.branch)
+    (tree / "serving" / "results.json").write_text(json.dumps(older, indent=2))
+    git.Repo(tree).git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qam", "old"])
+    report = verify(ledger, repo, "older-agent", FakeEngine(), tmp_path / "verify-older",
+                    Rounds(max_rounds=4, split="search"), say=lambda m: None)
+    assert report["claimed_ratio"] == best.search_ratio and report["verdict"] == "holds", report
+    assert report["unit"] == "tok/s" and len(report["defaults_figures"]) == report["rounds"]
 
 
 def test_planner_goes_first_builds_on_the_best_and_says_why(night):
@@ -446,7 +471,7 @@ def test_a_result_that_comes_after_the_trial_was_recorded_interrupted_is_dropped
     ledger, run = _run(tmp_path, "lost", engine, settings)
     assert run.status == "finished" and engine.victim is not None
     row = ledger.trial("lost", engine.victim)
-    assert row.status == "interrupted" and row.tps is None and "fell silent" in row.failure_message
+    assert row.status == "interrupted" and row.figure is None and "fell silent" in row.failure_message
     study = optuna.load_study(study_name="lost", storage=f"sqlite:///{tmp_path / 'o.sqlite'}")
     assert study.trials[row.optuna_number].state == optuna.trial.TrialState.FAIL
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
@@ -565,7 +590,7 @@ def test_the_aa_instance_measures_the_held_out_prompts_that_the_first_decision_c
     ledger, _, run, _, _ = night
     trials = ledger.trials("r1")
     baseline, aa = [t for t in trials if t.source == "baseline"], next(t for t in trials if t.source == "aa")
-    assert baseline and all(t.heldout_tps is None for t in baseline) and aa.heldout_tps > 0
+    assert baseline and all(t.heldout_figure is None for t in baseline) and aa.heldout_figure > 0
     first = next(t for t in trials if t.decision == "accepted")
     # Decided at the first look: one fresh instance of the candidate against the A/A's held-out figure,
     # with no instance of the defaults measured for it.
@@ -636,7 +661,7 @@ def test_under_goodput_every_search_after_the_defaults_first_starts_at_their_fig
     trials = {t.number: t for t in ledger.trials("gs")}
     searched = [s for s in engine.specs if load_split(s) == "search"]
     assert "goodput_start" not in searched[0] and all("goodput_start" in s for s in engine.specs[1:])
-    defaults = [t.tps for t in ledger.trials("gs") if t.source in ("baseline", "aa")]
+    defaults = [t.figure for t in ledger.trials("gs") if t.source in ("baseline", "aa")]
     assert len(defaults) == 3 and len(searched) > 3
     for i, spec in enumerate(searched[1:3], start=1):   # the second baseline instance, then the A/A
         assert math.isclose(spec["goodput_start"], math.exp(sum(map(math.log, defaults[:i])) / i), rel_tol=1e-5)
@@ -644,7 +669,7 @@ def test_under_goodput_every_search_after_the_defaults_first_starts_at_their_fig
                for s in searched[3:])   # candidates (no drift or extra instance of the defaults here)
     heldout = [s for s in engine.specs if load_split(s) == "heldout"]   # the candidates' held-out instances
     config = lambda s: repr((s["flags"], s["env"]))  # noqa: E731
-    own = {config(vars(t)): t.tps for t in trials.values() if t.source in ("planner", "sampler") and t.tps}
+    own = {config(vars(t)): t.figure for t in trials.values() if t.source in ("planner", "sampler") and t.figure}
     assert len(heldout) >= 2 and all(s["goodput_start"] == own[config(s)] for s in heldout)
     assert not any(t.source == "extra" for t in trials.values())
 

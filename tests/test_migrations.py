@@ -49,11 +49,17 @@ def test_an_old_ledger_opens_migrates_once_and_reads_as_a_new_one(tmp_path, fixt
         ("baseline", "ok", None), ("planner", "ok", "agent/old/1"), ("sampler", "failed", None)]
     assert [t.decision for t in trials] in ([None] * 3, ["baseline", "accepted", "failed"])   # before its column: none
     assert any("agent/old/1" in line for line in report_text.summary(run, trials))
+    # The figures under the names they have now, and under their old ones for saved SQL (aliases).
+    assert ([t.figure for t in trials], trials[1].search_ratio, run.baseline_figure) == ([18.0, 22.0, None], 1.222, 18.0)
+    old = db.execute("SELECT tps, tps_ratio FROM trials ORDER BY number").fetchall()
+    assert old == [(18.0, None), (22.0, 1.222), (None, None)]
+    assert db.execute("SELECT baseline_tps FROM runs").fetchall() == [(18.0,)]
     assert Ledger(path).migrated == []   # opened again: nothing to do
 
 
-def test_a_new_ledger_has_every_migration_recorded_and_none_run(tmp_path):
+def test_a_new_ledger_has_every_migration_recorded_and_runs_only_what_create_all_cannot_make(tmp_path):
     assert Ledger(tmp_path / "l.sqlite").migrated == NAMES
+    assert migrations.FRESH_TOO == {"m004_figures_named_by_unit"}   # the old names' aliases
     assert Ledger(tmp_path / "l.sqlite").migrated == []
 
 

@@ -16,7 +16,7 @@ RUN = Run(id="r", model="m")
 
 
 def trial(number, params, metrics=None, ratio=1.0, passed=True, status="ok"):
-    return Trial(number=number, params=params, metrics=metrics or {}, tps=10 * ratio, tps_ratio=ratio,
+    return Trial(number=number, params=params, metrics=metrics or {}, figure=10 * ratio, search_ratio=ratio,
                  gate_passed=passed, status=status, source="planner")
 
 
@@ -83,7 +83,7 @@ def test_the_defaults_own_answers_decide_speculation_over_the_traffics_sampled_s
     say = lambda history, **facts: BuiltinPlanner().propose(gpu, RUN, history, {"concurrency": 1, **facts}, k=5)  # noqa: E731
 
     def defaults(share):
-        return Trial(number=0, params={}, metrics={}, tps=10, status="ok", source="baseline",
+        return Trial(number=0, params={}, metrics={}, figure=10, status="ok", source="baseline",
                      measured={"repeat_share": share})
 
     (move,) = say([defaults(0.66), defaults(0.62)], sampled_share=0.9)
@@ -94,7 +94,7 @@ def test_the_defaults_own_answers_decide_speculation_over_the_traffics_sampled_s
     # The CPU: ngram lost even at challenge-cpu's 67%; only answers that repeat more get it first.
     cpu = lambda share: [p for p in propose([defaults(share)], sampled_share=0.0) if "speculative-config.method" in p.params]  # noqa: E731
     assert not cpu(0.67) and cpu(0.85)[0].params["speculative-config.method"] == "ngram"
-    assert say([Trial(number=0, params={}, metrics={}, tps=10, status="ok", source="baseline", measured={})],
+    assert say([Trial(number=0, params={}, metrics={}, figure=10, status="ok", source="baseline", measured={})],
                sampled_share=0.0)   # not measured (an older ledger): the sampled share decides, as before
 
 
@@ -105,7 +105,7 @@ def test_on_a_gpu_answers_that_repeat_most_of_their_words_start_with_the_longer_
     say = lambda history: BuiltinPlanner().propose(gpu, RUN, history, {"concurrency": 1}, k=5)  # noqa: E731
 
     def defaults(share):
-        return Trial(number=0, params={}, metrics={}, tps=10, status="ok", source="baseline",
+        return Trial(number=0, params={}, metrics={}, figure=10, status="ok", source="baseline",
                      measured={"repeat_share": share})
 
     (long_,) = say([defaults(0.85)])
@@ -159,7 +159,7 @@ def defaults_under_goodput(misses_at_upper: list[str], number: int = 0, source: 
     """An instance of the defaults whose goodput search held at 0.5 requests/s and broke at 0.55."""
     points = [{"rate": 0.5, "held": True, "misses": [], "ttft_p99_ms": 900.0, "itl_p99_ms": 150.0},
               {"rate": 0.55, "held": False, "misses": misses_at_upper, "ttft_p99_ms": 1800.0, "itl_p99_ms": 260.0}]
-    return Trial(number=number, params={}, metrics={}, tps=0.52, status="ok", source=source,
+    return Trial(number=number, params={}, metrics={}, figure=0.52, status="ok", source=source,
                  measured={"goodput": {"rate": 0.52, "bounds": [0.5, 0.55], "points": points}})
 
 
@@ -214,7 +214,7 @@ def measured_on_h100(tag: str, params: dict | None = None, number: int = 0, sour
     from_text = metrics.summarize({}, metrics.parse(text), metrics.Sampler("unused"), row["api_cpu_share"])
     kept = ("queue_time_mean_ms", "steps", "tokens_per_step_mean", "step_tokens_buckets", "api_cpu_share")
     return Trial(number=number, params=params or {}, metrics={**row["gauges"], **{k: from_text[k] for k in kept}},
-                 tps=row["tps"], tps_ratio=1.0, gate_passed=True, status="ok", source=source,
+                 figure=row["tps"], search_ratio=1.0, gate_passed=True, status="ok", source=source,
                  ttft_p99_ms=row["ttft_ms"]["p99"], itl_p99_ms=row["itl_ms"]["p99"])
 
 

@@ -125,9 +125,9 @@ def test_a_candidate_cut_between_its_record_and_its_gate_gets_the_decision_an_un
     number = int(re.search(r"trial (\d+): measured but not judged at the crash", resumed_out).group(1))
     mine = Ledger(cut_home / "ledger.sqlite").trials("r")[number]
     theirs = Ledger(whole_home / "ledger.sqlite").trials("r")[number]
-    assert mine.params == theirs.params and mine.tps == theirs.tps
-    assert (mine.decision, mine.gate_passed, mine.tps_ratio, mine.constraint) == \
-        (theirs.decision, theirs.gate_passed, theirs.tps_ratio, theirs.constraint)
+    assert mine.params == theirs.params and mine.figure == theirs.figure
+    assert (mine.decision, mine.gate_passed, mine.search_ratio, mine.constraint) == \
+        (theirs.decision, theirs.gate_passed, theirs.search_ratio, theirs.constraint)
     told = {ft.number: ft for ft in optuna.load_study(study_name="r", storage=f"sqlite:///{cut_home / 'optuna.sqlite'}")
             .get_trials()}[mine.optuna_number]
     value = told.value if told.value is not None else told.intermediate_values[0]   # PRUNED: its partial ratio
@@ -166,8 +166,8 @@ def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
     ledger.add(Trial(run_id="r", number=0, source="sampler", optuna_number=in_flight.number, status="running"))
     # A branch created just before the crash, its row not yet naming it.
     done = study.ask()
-    ledger.add(Trial(run_id="r", number=1, source="sampler", optuna_number=done.number, status="ok", tps=2.0,
-                     gate_passed=True, tps_ratio=2.0, constraint=0.0, decision="accepted"))
+    ledger.add(Trial(run_id="r", number=1, source="sampler", optuna_number=done.number, status="ok", figure=2.0,
+                     gate_passed=True, search_ratio=2.0, constraint=0.0, decision="accepted"))
     sha = gitops.commit_branch(repo, "agent/r/1", {"a.txt": ("x", False)}, "trial 1\n\nAgent-Run: r\nAgent-Trial: 1\n")
     # A config that passed on search prompts and was killed during its re-check.
     ledger.add(Trial(run_id="r", number=2, source="planner", status="ok", gate_passed=None,
@@ -209,7 +209,7 @@ def test_a_worker_stopped_between_its_record_and_its_tell_tells_optuna_what_the_
                          space_hash="h", workload="smoke", repo="", settings={}))
     me = ledger.add(Worker(run_id="r", name="h/1", host="h", pid=os.getpid(), slot=1, device="cores 1", role="worker"))
     study = studies.open("r", storage, seed=0)
-    recorded = [dict(status="ok", tps_ratio=1.42, constraint=0.0), dict(status="pruned", tps_ratio=0.61, constraint=0.0),
+    recorded = [dict(status="ok", search_ratio=1.42, constraint=0.0), dict(status="pruned", search_ratio=0.61, constraint=0.0),
                 dict(status="failed", failure_class="oom", constraint=1.0)]
     twins = {}
     for n, fields in enumerate(recorded):
@@ -360,7 +360,7 @@ def test_a_real_full_disk_ends_agent_run_with_one_line_and_the_next_command_goes
                         file_limit=limit)
         runs = Ledger(home / "ledger.sqlite").runs() if cut.returncode == 1 else []
         if where == "opening the ledger" or (runs and [t for t in Ledger(home / "ledger.sqlite").trials(runs[0].id)
-                                                   if t.tps and t.source in ("planner", "sampler")]):
+                                                   if t.figure and t.source in ("planner", "sampler")]):
             break
     lines = cut.stderr.strip().splitlines()
     assert cut.returncode == 1 and "Traceback" not in cut.stderr and "╭" not in cut.stderr, cut.stderr[-3000:]
@@ -372,7 +372,7 @@ def test_a_real_full_disk_ends_agent_run_with_one_line_and_the_next_command_goes
         again = run_agent(home, "run", "--budget", "60s", "--model", str(embedded_model), "--max-trials", "4")
     else:
         (run,) = runs
-        measured = [t for t in Ledger(home / "ledger.sqlite").trials(run.id) if t.tps and t.source in ("planner", "sampler")]
+        measured = [t for t in Ledger(home / "ledger.sqlite").trials(run.id) if t.figure and t.source in ("planner", "sampler")]
         assert measured and lines[-1].endswith(f"then: agent run --resume {run.id}"), (limit, measured, lines[-1])
         again = run_agent(home, "run", "--resume", run.id)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -8,14 +8,14 @@ from agent.ledger import Run, Trial
 def rows() -> tuple[Run, list[Trial]]:
     run = Run(id="r", status="finished", started_at="2026-01-01T00:00:00", deadline_at="2026-01-01T01:00:00",
               model="m", engine="vllm", engine_version="0", hardware={"cpu": "x", "cpus": 2}, workload="smoke",
-              settings={}, baseline_tps=100.0, baseline_ppl=8.0, noise=0.02, noise_df=2, calibration={})
-    defaults = [Trial(number=n, source=source, status="ok", tps=100.0, ttft_p99_ms=ttft, itl_p99_ms=itl, params={})
+              settings={}, baseline_figure=100.0, baseline_ppl=8.0, noise=0.02, noise_df=2, calibration={})
+    defaults = [Trial(number=n, source=source, status="ok", figure=100.0, ttft_p99_ms=ttft, itl_p99_ms=itl, params={})
                 for n, (source, ttft, itl) in enumerate((("baseline", 128.0, 20.0), ("baseline", 132.0, 22.0),
                                                          ("aa", 130.0, 21.0)))]
-    won = Trial(number=3, source="sampler", status="ok", tps=112.0, tps_ratio=1.12, heldout_ratio=1.1,
+    won = Trial(number=3, source="sampler", status="ok", figure=112.0, search_ratio=1.12, heldout_ratio=1.1,
                 heldout_interval=[1.04, 1.16], ttft_p99_ms=118.0, itl_p99_ms=19.0, ppl_change=0.0, agreement=1.0,
                 flips=[], params={"max_num_batched_tokens": 4096}, branch="agent/r/3", commit="abc", meter={})
-    refused = Trial(number=4, source="sampler", status="ok", tps=107.0, tps_ratio=1.07, ttft_p99_ms=131.0,
+    refused = Trial(number=4, source="sampler", status="ok", figure=107.0, search_ratio=1.07, ttft_p99_ms=131.0,
                     itl_p99_ms=87.0, decision="refused", params={"stream_interval": 8},
                     gate_reasons=["latency: p99 inter-token latency 87 ms is above the defaults' 21 ms beyond their "
                                   "noise (bound 26 ms; set --slo-itl-p99-ms to allow it)"])

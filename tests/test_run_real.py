@@ -124,7 +124,7 @@ def test_run_finishes_on_time_with_a_baseline_and_trials(real_run):
     assert "baseline:" in proc.stderr and "finished: run" in proc.stderr
     ledger = Ledger(home / "ledger.sqlite")
     (run,) = ledger.runs()
-    assert run.status == "finished" and run.baseline_tps > 0 and run.noise is not None
+    assert run.status == "finished" and run.baseline_figure > 0 and run.noise is not None
     trials = ledger.trials(run.id)
     assert [t.source for t in trials[:3]] == ["baseline", "baseline", "aa"]
     assert all(t.status == "ok" for t in trials[:3])
@@ -143,11 +143,11 @@ def test_every_row_names_its_meter_and_every_failure_its_class(real_run):
     for t in ledger.trials():
         if t.status == "ok" and t.source == "extra":  # the defaults on held-out prompts only, for a decision
             assert t.meter["name"] == METER and t.meter["prompt_split"] == "heldout" and t.meter["hash"] \
-                and t.heldout_tps > 0
+                and t.heldout_figure > 0
         elif t.status == "ok" and t.decision == "speed-only":   # too slow to pass: no quality phase
-            assert t.meter["name"] == METER and t.meter["hash"] and t.tps > 0 and t.ppl is None
+            assert t.meter["name"] == METER and t.meter["hash"] and t.figure > 0 and t.ppl is None
         elif t.status == "ok":
-            assert t.meter["name"] == METER and t.meter["hash"] and t.tps > 0 and t.ppl > 0
+            assert t.meter["name"] == METER and t.meter["hash"] and t.figure > 0 and t.ppl > 0
         if t.status == "failed":
             assert t.failure_class and t.failure_message
 
@@ -163,7 +163,7 @@ def test_accepted_branches_hold_the_config_that_was_measured(real_run):
         assert yaml.safe_load(show("serving/config.yaml")) == t.flags
         assert show("serving/chat-template.jinja") == TEMPLATE.read_text()   # what it was served with
         results = json.loads(show("serving/results.json"))
-        assert results["tps"] == t.tps
+        assert results["figure"] == t.figure
         # Committed only once fresh servers showed the gain on prompts the search never saw: the claim
         # is the held-out ratio, and its lower bound clears 1.
         assert t.heldout_ratio is not None and results["heldout_ratio"] == t.heldout_ratio
@@ -278,7 +278,7 @@ def test_a_sigkill_inside_the_candidates_benchmark_costs_no_candidate(real_run):
     assert left == [] and recovery.stray_servers(home / run.id) == []
     again = [t for t in trials if t.number > cut.number and (t.flags, t.env) == (cut.flags, cut.env)]
     assert again, [(t.number, t.source, t.status) for t in trials]
-    assert again[0].source in ("planner", "sampler") and again[0].status == "ok" and again[0].tps > 0
+    assert again[0].source in ("planner", "sampler") and again[0].status == "ok" and again[0].figure > 0
     assert again[0].decision in ("accepted", "refused", "speed-only", "pruned", "dominated"), again[0].decision
     assert datetime.fromisoformat(again[0].finished_at) <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=120)
 

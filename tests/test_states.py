@@ -22,11 +22,11 @@ def trial(ledger, source=Source.PLANNER):
 
 def test_a_trial_moves_along_its_lifecycle_and_reads_back_as_the_strings_old_ledgers_hold(ledger):
     row = trial(ledger)
-    ledger.transition(row, status=Status.OK, tps=10.0)
+    ledger.transition(row, status=Status.OK, figure=10.0)
     ledger.transition(row, decision=Decision.AWAITING_RECHECK)
     ledger.transition(row, decision=Decision.ACCEPTED, branch="agent/r/0")
     (back,) = Ledger(ledger.path).trials("r")
-    assert (back.status, back.decision, back.source, back.tps) == ("ok", "accepted", "planner", 10.0)
+    assert (back.status, back.decision, back.source, back.figure) == ("ok", "accepted", "planner", 10.0)
     assert type(back.status) is str   # stored as the plain string: users' SQL and old readers see no change
 
 

@@ -66,7 +66,7 @@ def test_status_on_a_workers_host_reads_the_coordinators_heartbeat(tmp_path):
     now = datetime.now(timezone.utc)
     iso = lambda t: t.isoformat(timespec="seconds")  # noqa: E731
     run = Run(id="r1", started_at=iso(now - timedelta(minutes=30)), deadline_at=iso(now + timedelta(hours=2)),
-              status="running", model="/models/m", baseline_tps=100.0, noise=0.04, calibration={})
+              status="running", model="/models/m", baseline_figure=100.0, noise=0.04, calibration={})
     coordinator = Worker(id=1, role="coordinator", status="running", heartbeat_at=iso(now), name="gpu-a/0",
                          host="gpu-a", pid=4242, device="GPU 0")
     joined = Worker(id=2, role="worker", status="lost", heartbeat_at=iso(now - timedelta(minutes=9)),

@@ -72,10 +72,10 @@ def test_a_machine_that_slows_down_is_caught_by_the_drift_check_and_corrected(tm
     assert checks and checks[-1].drift == pytest.approx(0.8, rel=0.02)
     caught = next(c for c in checks if c.drift != 1.0)
     after = [t for t in trials if t.number > caught.number and t.status == "ok" and t.source in ("planner", "sampler")]
-    assert after and all(t.tps_corrected == pytest.approx(t.tps / t.drift, rel=1e-3) for t in after)
+    assert after and all(t.figure_corrected == pytest.approx(t.figure / t.drift, rel=1e-3) for t in after)
     # Corrected, a config runs at the ratio it had before the slowdown: binding every core is 1.5x.
     bound = [t for t in after if t.params.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" and len(t.params) == 1]
-    assert all(t.tps_ratio == pytest.approx(1.5, rel=0.03) for t in bound)
+    assert all(t.search_ratio == pytest.approx(1.5, rel=0.03) for t in bound)
 
 
 def test_a_steady_machine_gets_no_correction(tmp_path):
@@ -90,7 +90,7 @@ def test_the_committed_claim_is_the_held_out_one_and_a_gain_that_vanishes_there_
     ngram = [t for t in trials if "speculative-config" in t.flags and t.heldout_ratio is not None]
     assert ngram, "the planner proposes ngram speculation on a single-stream workload"
     for t in ngram:
-        assert t.branch is None and t.decision == "refused" and t.heldout_interval[1] < t.tps_ratio
+        assert t.branch is None and t.decision == "refused" and t.heldout_interval[1] < t.search_ratio
         assert "below the search prompts'" in t.gate_reasons[0]
     kept = [t for t in trials if t.branch]
     assert kept

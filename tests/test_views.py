@@ -14,10 +14,10 @@ def test_a_view_reads_as_the_row_and_cannot_write_it(tmp_path):
     ledger.add(Run(id="r", deadline_at="2099-01-01T00:00:00+00:00", model="m", space_path="s", space_hash="h",
                    workload="w", repo=""))
     row = ledger.add_trial(Trial(run_id="r", source="baseline", params={"max-num-seqs": 8}))
-    ledger.transition(row, status="ok", tps=10.0, measured={"ttft_ms": {"p99": 5.0}}, greedy=[[1]])
+    ledger.transition(row, status="ok", figure=10.0, measured={"ttft_ms": {"p99": 5.0}}, greedy=[[1]])
     ledger.add_trial(Trial(run_id="r", source="planner", params={}))
     base, cand = views.trials(ledger.history("r", whole={"baseline"}))
-    assert (base.status, base.tps, base.params) == ("ok", 10.0, {"max-num-seqs": 8})
+    assert (base.status, base.figure, base.params) == ("ok", 10.0, {"max-num-seqs": 8})
     assert not hasattr(base, "greedy") and not hasattr(cand, "top_logprobs")   # the gate's bulk: not a planner's
     with pytest.raises(FrozenInstanceError):
         base.status = "failed"

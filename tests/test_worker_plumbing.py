@@ -216,12 +216,12 @@ def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake
 def test_a_hopeless_benchmark_is_pruned_after_a_few_requests_and_skips_quality(tmp_path, fake_mode):
     fake_mode("ok")
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
-                            "prune_below_tps": 1e6, "repeats": 2})   # a threshold no server reaches
+                            "prune_below": 1e6, "repeats": 2})   # a threshold no server reaches
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
     assert result.status == "pruned" and result.failure is None
     assert result.pruned["after_requests"] == 3 and result.pruned["of"] == 4
-    assert result.pruned["upper_tps"] < 1e6
-    assert result.bench.requests == 3 and len(result.bench.repeats_tps) == 1 and result.quality is None
+    assert result.pruned["upper"] < 1e6
+    assert result.bench.requests == 3 and len(result.bench.repeat_figures) == 1 and result.quality is None
     assert "quality_s" not in result.timings
     assert_clean(result)
 
@@ -229,7 +229,7 @@ def test_a_hopeless_benchmark_is_pruned_after_a_few_requests_and_skips_quality(t
 def test_a_benchmark_that_can_reach_the_threshold_is_never_pruned(tmp_path, fake_mode):
     fake_mode("ok")
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
-                            "prune_below_tps": 1.0})
+                            "prune_below": 1.0})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
     assert result.status == "ok" and result.bench.requests == 4 and result.quality.ppl > 0
 
@@ -237,7 +237,7 @@ def test_a_benchmark_that_can_reach_the_threshold_is_never_pruned(tmp_path, fake
 def test_quality_is_measured_only_when_the_speed_could_pass(tmp_path, fake_mode):
     fake_mode("ok")
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
-                            "quality_above_tps": 1e6})
+                            "quality_above": 1e6})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
     assert result.status == "ok" and result.quality is None and "is not above" in result.quality_skipped
     assert result.bench.requests == 4 and "quality_s" not in result.timings
@@ -251,7 +251,7 @@ def test_an_instance_is_measured_on_every_repeats_draw_pooled(tmp_path, fake_mod
                             "deadlines": {"start_s": 30}})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
     bench = result.bench
-    assert result.status == "ok" and len(bench.repeats_tps) == 3 and len(set(bench.draw_hashes)) == 3
+    assert result.status == "ok" and len(bench.repeat_figures) == 3 and len(set(bench.draw_hashes)) == 3
     assert bench.requests == 12 and bench.output_tokens == 12 * 32 and bench.finish == {"length": 12}
     assert bench.tps == pytest.approx(bench.output_tokens / bench.wall_s, rel=0.001)
 
