@@ -14,6 +14,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
+from agent import objective
 from agent.ledger import LearnedRule, Run, Trial
 from agent.proposal import run_meter, traffic_line
 from agent.refusals import describe
@@ -133,7 +134,7 @@ def failures(trials: list[Trial], rules: list[LearnedRule]) -> str:
 def importance(study) -> str:
     import plotly.graph_objects as go
 
-    from agent import objective, study as studies
+    from agent import study as studies
 
     try:
         values = studies.importances(study)
