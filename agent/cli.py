@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, recovery, space as spaces
-from agent import report_text, storage as storages, study as studies
+from agent import report_text, storage as storages, study as studies, views
 from sandbox import model as embedded
 from agent.gate import GateSettings
 from agent.stats import Noise
@@ -849,13 +849,13 @@ def ledger_gone(ledger: ledgers.Ledger, run_id: str, e: Exception):
 
 
 def _summary(ledger: ledgers.Ledger, run_id: str) -> None:
-    for line in report_text.summary(ledger.run(run_id), ledger.trials(run_id)):
+    for line in report_text.summary(*views.of_run(ledger, run_id)):
         console.print(line, highlight=False)
 
 @app.command()
 def branches(run_id: str = typer.Option(None, "--run", help="Only this run.")) -> None:
     """Proposed branches, best first, with TPS, ratio to defaults, PPL change and greedy agreement."""
-    out.print(report_text.branch_table(open_ledger().trials(run_id)))
+    out.print(report_text.branch_table(views.trials(open_ledger().trials(run_id))))
 
 @app.command()
 def verify(
@@ -912,7 +912,7 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     row = chosen_run(ledger, run_id)
     if row is None:
         raise fail(f"--run: no run {run_id!r} in {ledger.where}" if run_id else "the ledger has no runs yet")
-    trials = ledger.trials(row.id)
+    row, trials = views.of_run(ledger, row.id)
     if html_file is not None:
         _report_html(ledger, row, trials, html_file)
         return

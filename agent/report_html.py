@@ -15,11 +15,11 @@ from collections import Counter
 from collections.abc import Callable
 
 from agent import objective
-from agent.ledger import LearnedRule, Run, Trial
+from agent.ledger import LearnedRule
 from agent.proposal import run_meter, traffic_line
 from agent.refusals import describe
 from agent.states import CANDIDATES
-
+from agent.views import RunView, TrialView
 
 SECTIONS = ["summary", "branches", "speed-over-time", "speed-vs-quality", "speed-vs-latency", "failures",
             "importance", "speed-only", "trials"]
@@ -46,16 +46,16 @@ def _figure(fig) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False})
 
 
-def _claim(t: Trial) -> str:
+def _claim(t: TrialView) -> str:
     return t.held_out_claim or (f"{t.search_ratio:.3f}x search" if t.search_ratio else "")
 
 
-def _label(t: Trial) -> str:
+def _label(t: TrialView) -> str:
     params = describe(t.params) or "engine defaults"
     return f"trial {t.number} [{t.source}] {t.decision or t.status}<br>{html.escape(params)[:300]}"
 
 
-def speed_over_time(run: Run, trials: list[Trial]) -> str:
+def speed_over_time(run: RunView, trials: list[TrialView]) -> str:
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -83,7 +83,7 @@ def speed_over_time(run: Run, trials: list[Trial]) -> str:
     return _figure(fig)
 
 
-def _versus(trials: list[Trial], x_of: Callable[[Trial], float | None], x_title: str, title: str) -> str:
+def _versus(trials: list[TrialView], x_of: Callable[[TrialView], float | None], x_title: str, title: str) -> str:
     import plotly.graph_objects as go
 
     pts = [t for t in trials if t.search_ratio and x_of(t) is not None and t.source in CANDIDATES]
@@ -104,7 +104,7 @@ def _versus(trials: list[Trial], x_of: Callable[[Trial], float | None], x_title:
     return _figure(fig)
 
 
-def failures(trials: list[Trial], rules: list[LearnedRule]) -> str:
+def failures(trials: list[TrialView], rules: list[LearnedRule]) -> str:
     import plotly.graph_objects as go
 
     counts = Counter(t.failure_class or t.status for t in trials if t.status in ("failed", "skipped", "pruned"))
@@ -148,7 +148,7 @@ def importance(study) -> str:
     return _figure(fig)
 
 
-def branch_section(run: Run, trials: list[Trial], show: Callable[[str, str], str | None]) -> str:
+def branch_section(run: RunView, trials: list[TrialView], show: Callable[[str, str], str | None]) -> str:
     accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     if not accepted:
         return "<p>No config was accepted in this run.</p>"
@@ -171,7 +171,7 @@ def branch_section(run: Run, trials: list[Trial], show: Callable[[str, str], str
     return "".join(parts)
 
 
-def render(run: Run, trials: list[Trial], rules: list[LearnedRule], study,
+def render(run: RunView, trials: list[TrialView], rules: list[LearnedRule], study,
            show: Callable[[str, str], str | None]) -> str:
     """The page. `show(branch, path)` reads a file of a proposed branch (None when it cannot)."""
     from plotly.offline import get_plotlyjs

@@ -9,25 +9,26 @@ from rich.table import Table
 
 from agent import budget, objective, refusals
 from agent.gate import fmt_ms, geomean
-from agent.ledger import LearnedRule, RangeChange, Run, Trial
+from agent.ledger import LearnedRule, RangeChange
 from agent.states import DEFAULTS_ON_SEARCH
 
 P99S = (("ttft_p99_ms", "TTFT"), ("itl_p99_ms", "ITL"))
+from agent.views import RunView, TrialView
 
 
-def claim(t: Trial) -> str:
+def claim(t: TrialView) -> str:
     """A branch's claim as the morning reader needs it: held-out ratio and bounds, search ratio beside."""
     return f"{t.held_out_claim}, {t.search_ratio:.3f}x search" if t.held_out_claim else f"{t.search_ratio:.3f}x search"
 
 
-def defaults_p99(trials: list[Trial], attr: str) -> float | None:
+def defaults_p99(trials: list[TrialView], attr: str) -> float | None:
     """The defaults' p99 of one latency: the geometric mean of their instances', as the latency guard takes it."""
     found = [getattr(t, attr) for t in trials
              if t.source in DEFAULTS_ON_SEARCH and t.status == "ok" and (getattr(t, attr) or 0) > 0]
     return geomean(found) if found else None
 
 
-def latencies(t: Trial, trials: list[Trial]) -> str:
+def latencies(t: TrialView, trials: list[TrialView]) -> str:
     """A trial's p99 TTFT and ITL beside the defaults': a faster config may have bought its tokens/s
     with latency, and the ratio alone would not show it."""
     parts = []
@@ -38,12 +39,12 @@ def latencies(t: Trial, trials: list[Trial]) -> str:
     return "p99 " + ", ".join(parts) if parts else "no latencies measured"
 
 
-def on_latency(t: Trial) -> bool:
+def on_latency(t: TrialView) -> bool:
     """Refused by the gate for its latency: the latency guard or an SLO."""
     return t.decision == "refused" and any(r.startswith(("latency:", "SLO:")) for r in t.gate_reasons or [])
 
 
-def summary(run: Run, trials: list[Trial]) -> Iterator[str]:
+def summary(run: RunView, trials: list[TrialView]) -> Iterator[str]:
     """The lines a finished run ends with."""
     accepted = [t for t in trials if t.branch]
     failed = [t for t in trials if t.status == "failed"]
@@ -54,7 +55,7 @@ def summary(run: Run, trials: list[Trial]) -> Iterator[str]:
         yield f"  {t.branch}: {t.figure:.2f} {objective.of(t.meter).unit}, {claim(t)}, ppl {t.ppl_change:+.2%}, {latencies(t, trials)}"
 
 
-def branch_table(trials: list[Trial]) -> Table | str:
+def branch_table(trials: list[TrialView]) -> Table | str:
     """Branches, best first, with TPS, the claim, p99 latencies beside the defaults', PPL change and
     greedy agreement."""
     rows = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
@@ -71,7 +72,7 @@ def branch_table(trials: list[Trial]) -> Table | str:
     return table
 
 
-def report(row: Run, trials: list[Trial], rules: list[LearnedRule], narrowings: list[RangeChange]) -> Iterator[str]:
+def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule], narrowings: list[RangeChange]) -> Iterator[str]:
     """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""
     by = lambda attr: ", ".join(f"{n} {k}" for k, n in sorted(  # noqa: E731
         {v: sum(1 for t in trials if getattr(t, attr) == v) for v in {getattr(t, attr) for t in trials}}.items()))

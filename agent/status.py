@@ -12,10 +12,11 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-from agent import crew, objective, refusals
+from agent import crew, objective, refusals, views
 from agent.budget import minutes, plan_line
-from agent.ledger import Ledger, Run, Trial, Worker
+from agent.ledger import Ledger, Run, Worker
 from agent.recovery import lock_holder
+from agent.views import RunView, TrialView
 
 
 def in_flight(events: Path) -> tuple[int, str, datetime] | None:
@@ -44,11 +45,11 @@ def in_flight(events: Path) -> tuple[int, str, datetime] | None:
     return None
 
 
-def describe_params(t: Trial) -> str:
+def describe_params(t: TrialView) -> str:
     return refusals.describe(t.params) or "engine defaults"
 
 
-def crew_lines(workers: list[Worker], trials: list[Trial]) -> list[str]:
+def crew_lines(workers: list[Worker], trials: list[TrialView]) -> list[str]:
     """A line per worker of a run on several devices; nothing for a run on one."""
     if len(workers) < 2:
         return []
@@ -64,7 +65,7 @@ def crew_lines(workers: list[Worker], trials: list[Trial]) -> list[str]:
     return lines
 
 
-def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = None,
+def describe(run: RunView, trials: list[TrialView], home: Path, now: datetime | None = None,
              workers: list[Worker] = ()) -> list[str]:
     now = now or datetime.now(timezone.utc)
     started, deadline = datetime.fromisoformat(run.started_at), datetime.fromisoformat(run.deadline_at)
@@ -123,4 +124,4 @@ def describe(run: Run, trials: list[Trial], home: Path, now: datetime | None = N
 
 
 def status(ledger: Ledger, run: Run, home: Path) -> list[str]:
-    return describe(run, ledger.trials(run.id), home, workers=ledger.workers(run.id))
+    return describe(views.run(run), views.trials(ledger.trials(run.id)), home, workers=ledger.workers(run.id))

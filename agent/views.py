@@ -1,4 +1,5 @@
-"""Frozen views of a run and its trials for the readers that must never write them (the planners):
+"""Frozen views of a run and its trials for the readers that must never write them (the planners, the
+reports and `agent status`):
 each column's value as the row holds it, copied, on a frozen dataclass, as Optuna hands a sampler a
 FrozenTrial rather than its storage's row. A trial's greedy outputs and top logprobs (most of a
 row's bytes, read only on the defaults' rows, for the gate) are not in its view."""
@@ -7,9 +8,9 @@ from __future__ import annotations
 
 import copy
 from dataclasses import make_dataclass
+from typing import TYPE_CHECKING
 
 from agent.ledger import Base, Run, Trial
-
 
 BULK = {"greedy", "top_logprobs"}
 
@@ -18,13 +19,17 @@ def _columns(model: type[Base]) -> list[str]:
     return [c for c in model.__table__.columns.keys() if c not in BULK]
 
 
-def _frozen(model: type[Base], name: str) -> type:
+def _frozen(model: type[Base], name: str, **derived) -> type:
     return make_dataclass(name, [(c, object) for c in _columns(model)], frozen=True,
-                          namespace={"__doc__": f"A {model.__name__} row as it was read: no write reaches the ledger."})
+                          namespace={"__doc__": f"A {model.__name__} row as it was read: no write reaches the ledger.",
+                                     **derived})
 
 
-TrialView = _frozen(Trial, "TrialView")
-RunView = _frozen(Run, "RunView")
+if TYPE_CHECKING:   # a view reads as its row does: a type checker checks its readers against the row's columns
+    TrialView, RunView = Trial, Run
+else:   # what the row derives from its columns reads the same on its view
+    TrialView = _frozen(Trial, "TrialView", claimed_ratio=Trial.claimed_ratio, held_out_claim=Trial.held_out_claim)
+    RunView = _frozen(Run, "RunView")
 
 
 def _view(kind: type, row: Base):
@@ -37,3 +42,8 @@ def trials(rows: list[Trial]) -> list:
 
 def run(row: Run):
     return _view(RunView, row)
+
+
+def of_run(ledger, run_id: str) -> tuple:
+    """A run and its trials as a report reads them: (RunView, [TrialView])."""
+    return run(ledger.run(run_id)), trials(ledger.trials(run_id))

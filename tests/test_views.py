@@ -1,5 +1,5 @@
-"""Planners get frozen copies of the run and its trials (agent.views): a planner that writes to what it
-was handed fails at once, and nothing it changes inside a copied value reaches the ledger's rows."""
+"""Planners and reports get frozen copies of the run and its trials (agent.views): a reader that writes
+to what it was handed fails at once, and nothing it changes inside a copied value reaches the ledger's rows."""
 
 from dataclasses import FrozenInstanceError
 
@@ -52,3 +52,24 @@ def test_the_loop_hands_its_planner_views(tmp_path):
                Seams(ledger, FakeEngine(), gitops.open_repo(tmp_path / "p", create=True)),
                f"sqlite:///{tmp_path / 'o.sqlite'}", planner=Recording())
     assert handed and all(kind == ("RunView", {"TrialView"}) for kind in handed), handed
+
+
+def test_the_reports_read_views_and_a_view_derives_the_claim_as_its_row_does(tmp_path, monkeypatch):
+    from agent import report_text, status
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    run = ledger.add(Run(id="r", deadline_at="2099-01-01T00:00:00+00:00", model="m", space_path="s", space_hash="h",
+                         workload="w", repo="", settings={"home": str(tmp_path)}, baseline_figure=10.0, noise=0.02,
+                         noise_df=4))
+    row = ledger.add_trial(Trial(run_id="r", source="planner", params={}))
+    ledger.transition(row, status="ok", figure=12.0, search_ratio=1.2, heldout_ratio=1.1, heldout_interval=[1.05, 1.2],
+                      branch="agent/r/0", ppl_change=0.0)
+    (view,) = views.trials(ledger.trials("r"))
+    assert (view.claimed_ratio, view.held_out_claim) == (row.claimed_ratio, row.held_out_claim) == \
+        (1.1, "1.100x held-out [1.050, 1.200]")
+    seen = []
+    real = status.describe
+    monkeypatch.setattr(status, "describe", lambda run, trials, *a, **k: seen.append((run, trials)) or real(run, trials, *a, **k))
+    assert any("agent/r/0" in line for line in status.status(ledger, run, tmp_path))
+    assert [type(x).__name__ for x in (seen[0][0], *seen[0][1])] == ["RunView", "TrialView"]
+    assert any("1.100x held-out" in line for line in report_text.summary(*views.of_run(ledger, "r")))
