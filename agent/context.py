@@ -17,7 +17,7 @@ from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
 from agent.space import Space
 from agent.stats import Noise
-from sandbox.result import TrialResult
+from sandbox.contract import TrialResult
 
 
 class Engine(Protocol):
@@ -64,28 +64,17 @@ def stored(settings: Settings) -> dict:
 
 
 def settings_of(run: Run) -> Settings:
-    """The settings a run was started with, from its row. On another host the model, the home and
+    """The settings a run was started with, from its row (agent.migrations.m003 rewrote the rows older
+    agents kept flat); what a row lacks reads as its default. On another host the model, the home and
     the facts are that host's: the caller replaces them."""
     o = run.settings or {}
-    if "gate" not in o:
-        return from_flat(o, run.workload)
+    held = o.get("gate") if isinstance(o.get("gate"), dict) else {}
     known = {f.name for f in fields(GateSettings)}   # a gate kept by an older agent may lack the newer ones
-    gate = GateSettings(**{k: v for k, v in o["gate"].items() if k in known and k != "noise_prior"},
-                        **({"noise_prior": Noise(**o["gate"]["noise_prior"])} if "noise_prior" in o["gate"] else {}))
-    kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o}
-    return Settings(**{**kept, "gate": gate, "home": Path(o["home"]) if o.get("home") else None})
-
-
-def from_flat(o: dict, workload: str) -> Settings:
-    """Settings kept without the stored gate: `agent run`'s flat options as rows before 2026-12-03 held
-    them (the workload under `workload_spec`, the prior as [sd, df]; agent.migrations.m003 rewrites
-    those when the ledger is opened), or the few a test's or script's row gives; the rest at their defaults."""
-    gate = GateSettings(**{f.name: o[f.name] for f in fields(GateSettings) if f.name in o and f.name != "noise_prior"},
-                        **({"noise_prior": Noise(*o["noise_prior"])} if "noise_prior" in o else {}))
-    kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o and f.name not in ("model", "workload", "gate",
-                                                                                           "home", "facts")}
-    return Settings(model=o.get("model", ""), workload=o.get("workload_spec") or workload, gate=gate,
-                    home=Path(o["home"]) if o.get("home") else None, **kept)
+    gate = GateSettings(**{k: v for k, v in held.items() if k in known and k != "noise_prior"},
+                        **({"noise_prior": Noise(**held["noise_prior"])} if "noise_prior" in held else {}))
+    kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o and f.name not in ("gate", "home")}
+    return Settings(**{"model": "", "workload": run.workload, **kept, "gate": gate,
+                       "home": Path(o["home"]) if o.get("home") else None})
 
 
 def say_nothing(event: str, **info) -> None:
@@ -117,7 +106,7 @@ class RunContext:
     def heldout_points(self) -> int:
         """The goodput rate points the held-out split allows (0 under any other objective): how long
         a held-out phase is, for the budget (agent.budget.heldout_share)."""
-        from sandbox.workload import load_workload
+        from sandbox.contract import load_workload
 
         try:
             meter = load_workload(self.settings.workload)

@@ -26,6 +26,7 @@ from agent import states, study as studies
 from agent.devices import Slot
 from agent.engine import reap, worker_env
 from agent.ledger import Ledger, Run, Trial, Worker, utcnow
+from agent.states import Decision
 
 STOP_GRACE_S = 120.0   # a local worker's trial in flight gets this long to end and be recorded
 
@@ -164,7 +165,7 @@ def refuse_leftovers(ledger: Ledger, run_id: str, worker_id: int | None = None) 
     once each, and said so in their rows."""
     done = []
     for t in ledger.trials(run_id):
-        if t.decision == "put_forward" and worker_id in (None, t.worker_id) and ledger.claim(
+        if t.decision == Decision.PUT_FORWARD and worker_id in (None, t.worker_id) and ledger.claim(
                 Trial, t.id, {"decision": "put_forward"}, decision="refused", gate_passed=False,
                 gate_reasons=[*(t.gate_reasons or []), "put forward after the coordinator's last decision "
                               "(the run had ended): not re-checked, not committed"]):

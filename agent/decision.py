@@ -13,9 +13,8 @@ from agent.gate import Baseline, GateSettings, MeasureFailed
 from agent.ledger import Trial
 from agent.recording import finish, measure, record
 from agent.stats import compare
-from agent.states import CANDIDATES
-from sandbox import result as results
-from sandbox.result import TrialResult
+from agent.states import CANDIDATES, Decision, Source, Status
+from sandbox.contract import ResultError, TrialResult, read_result
 
 
 def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
@@ -61,12 +60,12 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
 def unjudged(history: list[Trial]) -> list[Trial]:
     """Candidates measured and recorded but never gated: a crash between the two writes (window 1 of
     docs/RELIABILITY.md). Every candidate the gate saw has a decision."""
-    return [t for t in history if t.source in CANDIDATES and t.status in ("ok", "pruned") and t.decision is None]
+    return [t for t in history if t.source in CANDIDATES and t.status in (Status.OK, Status.PRUNED) and t.decision is None]
 
 
 def unbranched(history: list[Trial]) -> list[Trial]:
     """Accepted but with no branch: a crash, or a git error, between the decision and the commit (window 2)."""
-    return [t for t in history if t.decision == "accepted" and not t.branch]
+    return [t for t in history if t.decision == Decision.ACCEPTED and not t.branch]
 
 
 def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> Trial:
@@ -74,8 +73,8 @@ def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, histo
     would have; with that file gone it counts as cut in flight, and is measured again (loop.cut_once)."""
     path = Path(row.log_path or "").parent / "result.json"
     try:
-        result = results.read(path) if row.log_path else None
-    except (OSError, results.ResultError) as e:
+        result = read_result(path) if row.log_path else None
+    except (OSError, ResultError) as e:
         result, why = None, f"{path}: {e}"
     else:
         why = "no trial folder recorded"
@@ -89,7 +88,7 @@ def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, histo
 
 def put_forward(history: list[Trial]) -> Trial | None:
     """The oldest candidate a worker put forward that no one has decided yet."""
-    return next((t for t in history if t.decision == "put_forward" and t.status == "ok"), None)
+    return next((t for t in history if t.decision == Decision.PUT_FORWARD and t.status == Status.OK), None)
 
 
 def decide_put_forward(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> None:
@@ -112,7 +111,7 @@ def decide_passed(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, his
     elif not coordinator:
         ledger.transition(row, decision="put_forward")
     else:
-        if settings.recheck and row.decision != "awaiting_recheck":   # a worker's, put forward
+        if settings.recheck and row.decision != Decision.AWAITING_RECHECK:   # a worker's, put forward
             ledger.transition(row, decision="awaiting_recheck")
         if held_out(ctx, seams, row, base, history) if settings.recheck else search_only(seams, row, settings.gate):
             branch(ctx, seams, row, base, history)
@@ -128,7 +127,7 @@ def defaults_like(history: list[Trial], heldout_points: int = 0) -> Trial:
     first one where others ran (the H200's first start took 213 s against 53-68 s later, and standing
     for an extra instance it refused a decision's third look with 184 s left for one of about 100,
     2026-12-04); an A/A counts by its own held-out phase."""
-    ran = [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"]
+    ran = [t for t in history if t.source in (Source.BASELINE, Source.AA) and t.status == Status.OK]
     return max(ran[1:] or ran, key=lambda t: heldout_s(t, heldout_points))
 
 
@@ -167,7 +166,7 @@ def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:
 def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> bool:
     """The decision: fresh instances of the candidate on prompts the search never saw, against the
     defaults' instances on the same prompts, as many as the sequential test needs."""
-    from sandbox.workload import load_workload
+    from sandbox.contract import load_workload
 
     run, ledger, say = ctx.run, seams.ledger, seams.say
     meter = load_workload(ctx.settings.workload).with_split("heldout")
@@ -199,7 +198,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
         ledger.add_repeats(target.id, n, result.bench.repeat_figures)
         return result.bench.value
 
-    defaults_row = next(t for t in history if t.source == "baseline")
+    defaults_row = next(t for t in history if t.source == Source.BASELINE)
 
     def more_defaults() -> float:
         extra = ledger.add_trial(Trial(run_id=run.id, source="extra", params={}, worker_id=ctx.worker_id,

@@ -12,8 +12,8 @@ from agent.gate import Baseline, GateSettings, Instance
 from agent.ledger import Trial
 from agent.recording import measure, open_trial, record
 from agent.stats import compare
-from agent.states import CANDIDATES, DEFAULTS
-from sandbox import goodput
+from agent.states import CANDIDATES, DEFAULTS, Source, Status
+from sandbox.contract import goodput_lower_bound
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
 # More instances of a noisy host's defaults narrow every bound, but a run that spends its budget on
@@ -50,9 +50,9 @@ def instance_of(t: Trial) -> Instance:
 def judged_aa(history: list[Trial], settings: GateSettings) -> tuple[Baseline, gate.AAVerdict | None]:
     """The baseline instances measured before the A/A check, and the A/A's verdict against them
     (None before the A/A ran): a pure function of the ledger, so a resume judges it the same way."""
-    ok = [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"]
-    aa = next((t for t in ok if t.source == "aa"), None)
-    first = gate.baseline_of([instance_of(t) for t in ok if t.source == "baseline"
+    ok = [t for t in history if t.source in (Source.BASELINE, Source.AA) and t.status == Status.OK]
+    aa = next((t for t in ok if t.source == Source.AA), None)
+    first = gate.baseline_of([instance_of(t) for t in ok if t.source == Source.BASELINE
                               and (aa is None or t.number < aa.number)], settings)
     return first, gate.judge_aa(instance_of(aa), first, settings) if aa is not None else None
 
@@ -63,15 +63,15 @@ def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
     corrected is left out of the noise: dividing it out leaves that instance no spread), and the
     held-out-only instances measured for decisions."""
     first, verdict = judged_aa(history, settings)
-    ok = [t for t in history if t.source in DEFAULTS and t.status == "ok"]
+    ok = [t for t in history if t.source in DEFAULTS and t.status == Status.OK]
     # A further device's instance is one more draw of the defaults: the spread between devices becomes
     # part of the noise every candidate is judged with, whichever device it ran on (docs/scale-out.md).
-    instances = [t for t in ok if t.source in ("baseline", "device") or (t.source == "drift" and t.drift == 1.0)]
-    aa = next((t for t in ok if t.source == "aa"), None)
-    extras = [t.heldout_figure for t in ok if t.source == "extra" and t.heldout_figure]
+    instances = [t for t in ok if t.source in (Source.BASELINE, Source.DEVICE) or (t.source == Source.DRIFT and t.drift == 1.0)]
+    aa = next((t for t in ok if t.source == Source.AA), None)
+    extras = [t.heldout_figure for t in ok if t.source == Source.EXTRA and t.heldout_figure]
     base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras),
                             aa=instance_of(aa) if aa else None)
-    drift = next((t.drift for t in reversed(ok) if t.source == "drift" and t.drift is not None), 1.0)
+    drift = next((t.drift for t in reversed(ok) if t.source == Source.DRIFT and t.drift is not None), 1.0)
     return replace(base, reference=first.reference, drift=drift,
                    calibration=verdict.calibration if verdict else first.calibration)
 
@@ -81,16 +81,16 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     defaults once more as if a candidate, which the gate must call no loss and no gain."""
     run, settings, ledger, say = ctx.run, ctx.settings, seams.ledger, seams.say
     history = ledger.trials(run.id)
-    done = sum(1 for t in history if t.source == "baseline" and t.status == "ok")
+    done = sum(1 for t in history if t.source == Source.BASELINE and t.status == Status.OK)
     for i in range(settings.baseline_instances - done):
         last = run_defaults(ctx, seams, "baseline", "engine defaults")
         plan = fits_a_decision(ctx, last, settings.baseline_instances - done - i - 1, True, first=done + i == 0,
-                               instances=[t for t in ledger.trials(run.id) if t.source == "baseline" and t.status == "ok"])
+                               instances=[t for t in ledger.trials(run.id) if t.source == Source.BASELINE and t.status == Status.OK])
         if done + i == 0:   # the first instance says what the budget fits
             ledger.update(run, calibration={**(run.calibration or {}), "plan": plan})
             say("plan", **plan)
     history = ledger.trials(run.id)
-    aa = next((t for t in history if t.source == "aa" and t.status == "ok"), None)
+    aa = next((t for t in history if t.source == Source.AA and t.status == Status.OK), None)
     if aa is None:
         aa = run_defaults(ctx, seams, "aa", "A/A check: the defaults again, judged as a candidate")
         history = ledger.trials(run.id)   # with any further device's instance that landed meanwhile
@@ -103,7 +103,7 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
                       agreement=gate.agreement(first.reference["ids"], aa.greedy or []))
         say("aa", line=verdict.line)
     base = baseline_from(history, settings.gate)
-    while gate.more_defaults_wanted(base, verdict, sum(1 for t in history if t.source == "baseline"
+    while gate.more_defaults_wanted(base, verdict, sum(1 for t in history if t.source == Source.BASELINE
                                                        and t.number > aa.number), settings.gate):
         refused = no_more_defaults(run, aa)
         if refused:
@@ -116,12 +116,12 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
         history = ledger.trials(run.id)
         base = baseline_from(history, settings.gate)
     if not any(t.source in CANDIDATES for t in history):   # before the first candidate (a resume may be past it)
-        measured = [t for t in history if t.source in ("baseline", "aa") and t.status == "ok"]
+        measured = [t for t in history if t.source in (Source.BASELINE, Source.AA) and t.status == Status.OK]
         plan = fits_a_decision(ctx, measured[-1], 0, False, first=False, instances=measured)
     else:
         plan = None
     for t in history:
-        if t.source == "baseline" and t.status == "ok":
+        if t.source == Source.BASELINE and t.status == Status.OK:
             ledger.transition(t, search_ratio=round(t.figure / base.figure, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
                           gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
     noise = base.measured_noise   # what this machine showed; the bounds add the space's prior (base.noise)
@@ -175,7 +175,7 @@ def goodput_start(history: list[Trial]) -> float | None:
     """Where a later goodput search starts (sandbox.goodput.first_step): the defaults' goodput as their
     instances measured it so far, the geometric mean of their search figures. None before the first
     instance, or when the objective is not goodput (the spec then leaves the start to the profile)."""
-    found = [t.figure for t in history if t.source in DEFAULTS and t.status == "ok" and t.figure
+    found = [t.figure for t in history if t.source in DEFAULTS and t.status == Status.OK and t.figure
              and (t.measured or {}).get("goodput")]
     return round(math.exp(sum(map(math.log, found)) / len(found)), 6) if found else None
 
@@ -197,7 +197,7 @@ def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> 
         failure = result.failure
         if clock.seconds_left(run.deadline_at) <= 1:   # cut by the deadline: the budget, not the defaults, fell short
             took = [t.timings.get("total_s", 0) for t in ledger.trials(run.id)
-                    if t.source in DEFAULTS and t.status == "ok"]
+                    if t.source in DEFAULTS and t.status == Status.OK]
             per = f"; an instance took {max(took) / 60:.1f} min here" if took else ""
             raise BaselineFailed(f"the budget ended while the defaults were measured ({len(took)} instance(s) done{per}): "
                                  f"the baseline and the A/A check need {ctx.settings.baseline_instances + 1} before any "
@@ -205,7 +205,7 @@ def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> 
         raise BaselineFailed(f"the defaults failed ({failure.klass}): {failure.message}")
     for figures in (result.bench, result.bench_heldout):
         found = figures.goodput if figures else None
-        if goodput.lower_bound(found):   # sandbox.worker.goodput_on keeps a candidate's, not the defaults'
+        if goodput_lower_bound(found):   # sandbox.worker.goodput_on keeps a candidate's, not the defaults'
             why = found.get("burst") or f"the last of the {len(found.get('points') or [])} points a split allows"
             raise BaselineFailed(f"the defaults held the SLOs at every load measured, up to {found['rate']:g} "
                                  f"requests/s ({why}): their goodput is only a lower bound, which candidates cannot "
@@ -219,9 +219,9 @@ def drift_due(history: list[Trial], drift_every: int) -> bool:
         return False
     since = 0
     for t in reversed(history):
-        if t.source in ("baseline", "drift"):
+        if t.source in (Source.BASELINE, Source.DRIFT):
             break
-        since += t.source in CANDIDATES and t.status in ("ok", "failed")
+        since += t.source in CANDIDATES and t.status in (Status.OK, Status.FAILED)
     return since >= drift_every
 
 

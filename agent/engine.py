@@ -20,9 +20,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from sandbox import allowed, result as results
-from sandbox.server import session_members
-from sandbox.result import TrialResult
+from sandbox.contract import ResultError, TrialResult, allowed_digest, failed_result, read_result, session_members
 
 TEARDOWN_GRACE_S = 90.0
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
@@ -79,7 +77,7 @@ class WorkerEngine:
         if self.rules is not None:   # the run's space, not the spec, says what the trial may set
             text = json.dumps(self._rules_on_device(), sort_keys=True)
             (trial_dir / "allowed.json").write_text(text)
-            argv += ["--allowed", str(trial_dir / "allowed.json"), "--allowed-sha", allowed.digest(text)]
+            argv += ["--allowed", str(trial_dir / "allowed.json"), "--allowed-sha", allowed_digest(text)]
         with open(trial_dir / "worker.log", "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**worker_env(), **(self.slot.env if self.slot else {})},
@@ -100,12 +98,12 @@ class WorkerEngine:
             interrupted = e          # disk under events.jsonl): the worker and its server end with the trial
             self._stop(proc, progress)
         try:
-            result = results.read(out)
-        except (OSError, results.ResultError) as e:
+            result = read_result(out)
+        except (OSError, ResultError) as e:
             tail = (trial_dir / "worker.log").read_text(errors="replace")[-2000:] if (trial_dir / "worker.log").exists() else ""
             killed = reap(progress)  # the worker died without its teardown: its server may still run
             why = "wrote no result" if isinstance(e, OSError) else f"wrote no readable result ({e})"
-            result = results.failed("worker_error", f"the worker {why} (exit {proc.returncode})"
+            result = failed_result("worker_error", f"the worker {why} (exit {proc.returncode})"
                                     + (f"; ended its leftover processes {killed}" if killed else ""), tail)
         if interrupted:
             raise interrupted

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.stats import Comparison, Noise, compare, pooled_noise, t_quantile
-from sandbox.result import Figures, Quality, TrialResult
+from sandbox.contract import Figures, Quality, TrialResult
 
 # bf16 keeps 8 significant bits, so a logit in [16, 32), where this model's top logits sit, moves
 # in steps of 1/8. Every near-tie flip measured, between the H200's instances of the defaults and

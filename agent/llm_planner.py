@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from agent.ledger import Run, Trial
 from agent.planner import BuiltinPlanner, Narrowing, Planner, Proposal
 from agent.space import Space
+from agent.states import Status
 
 MAX_TEXT = 300
 MAX_REPLY = 64_000      # characters; a reply this long is not a plan, and decoding it costs memory
@@ -129,7 +130,7 @@ def _plan(data, space: Space, k: int) -> tuple[list[Proposal], list[Narrowing], 
 def history_table(history: list[Trial]) -> str:
     lines = ["number | source | status | search_ratio | ppl_change | agreement | gate | params | failure or metrics"]
     for t in history[-40:]:
-        detail = (f"{t.failure_class}: {(t.failure_message or '')[:160]}" if t.status != "ok"
+        detail = (f"{t.failure_class}: {(t.failure_message or '')[:160]}" if t.status != Status.OK
                   else json.dumps({k: v for k, v in (t.metrics or {}).items() if v is not None and k != "samples"}))
         lines.append(f"{t.number} | {t.source} | {t.status} | {t.search_ratio} | {t.ppl_change} | {t.agreement} | "
                      f"{t.gate_passed} | {json.dumps(t.params)} | {detail}")

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from agent import objective, refusals
 from agent.budget import plan_line
-from sandbox import goodput
+from agent.states import Decision, Status
+from sandbox.contract import goodput_lower_bound
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
@@ -47,15 +48,15 @@ def _line(event: str, info: dict) -> str | None:
     if event == "result":
         t = info["row"]
         u = objective.of(t.meter).unit
-        if t.decision == "speed-only":
+        if t.decision == Decision.SPEED_ONLY:
             return f"trial {t.number}: {t.figure:.2f} {u} ({t.search_ratio:.3f}x); rejected: {escape(t.gate_reasons[0])}"
-        if t.status == "pruned":
+        if t.status == Status.PRUNED:
             return f"trial {t.number} [yellow]pruned[/] at {t.figure:.2f} {u}: {escape((t.gate_reasons or [''])[0])}"
-        if t.status != "ok":
+        if t.status != Status.OK:
             return f"trial {t.number} [red]{t.failure_class}[/]: {escape((t.failure_message or '')[:160])}"
         if t.branch:
             verdict = f"[green]accepted[/] {t.branch}"
-        elif t.decision == "dominated":
+        elif t.decision == Decision.DOMINATED:
             verdict = "accepted but " + escape(t.gate_reasons[-1][:200])
         else:
             verdict = "rejected: " + escape("; ".join(t.gate_reasons)[:240])
@@ -63,7 +64,7 @@ def _line(event: str, info: dict) -> str | None:
                 if t.heldout_ratio is not None and t.heldout_interval else "")
         flips = f", {len(t.flips)} near-tie flip(s)" if t.flips else ""
         floor = (" (a lower bound: no load this split could judge broke it)"
-                 if goodput.lower_bound((t.measured or {}).get("goodput")) else "")
+                 if goodput_lower_bound((t.measured or {}).get("goodput")) else "")
         return (f"trial {t.number}: {t.figure:.2f} {u}{floor} ({t.search_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
                 f"agreement {t.agreement:.0%}{flips}; {verdict}")
     if event == "learned":

@@ -27,7 +27,7 @@ from agent.planner import BuiltinPlanner, Planner
 from agent.recording import Superseded, finish, open_trial
 from agent.screening import excluded, facts_for, learn, refusal_check
 from agent.space import Space
-from agent.states import CANDIDATES, DEFAULTS
+from agent.states import CANDIDATES, DEFAULTS, Source, Status
 
 # After this many asks in a row that only repeat answered points, the space is spent.
 MAX_REPEATS_IN_A_ROW = 200
@@ -116,7 +116,7 @@ def work(ctx: RunContext, seams: Seams, storage, me: Worker, lost: Callable[[], 
     if defaults is None:
         return
     ctx = replace(ctx, defaults=defaults)
-    if not any(t.source in ("baseline", "device") and t.worker_id == me.id and t.status == "ok"
+    if not any(t.source in (Source.BASELINE, Source.DEVICE) and t.worker_id == me.id and t.status == Status.OK
                for t in ledger.trials(run.id)):
         run_defaults(ctx, seams, "device", f"the defaults on {me.device} of {me.host}: this device's instance of "
                                            f"the baseline")
@@ -155,7 +155,7 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
     if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
         studies.tell(study, trial, *seen[key])
         return False
-    if other := next((t for t in now.history if t.status == "running" and repr(sorted(t.params.items())) == key), None):
+    if other := next((t for t in now.history if t.status == Status.RUNNING and repr(sorted(t.params.items())) == key), None):
         # Another worker measures this very point now: no second server for it, and nothing to learn.
         studies.fail(study, trial.number)
         say("duplicate", number=other.number)
@@ -174,7 +174,7 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
             return True
     if ctx.settings.preflight:
         learn(ctx, seams, row)
-    studies.tell(study, trial, *studies.told(row), pruned=row.status == "pruned")
+    studies.tell(study, trial, *studies.told(row), pruned=row.status == Status.PRUNED)
     if row.failure_class == "unclean_teardown":
         raise DirtyMachine(f"trial {row.number} left the machine dirty: {row.failure_message}")
     return True
@@ -191,7 +191,7 @@ def settle(ctx: RunContext, seams: Seams, study: studies.Study) -> None:
     running, now = {ft.number for ft in studies.running(study)}, Snapshot.read(ctx, ledger)
     for row in cut:
         row = judge_again(ctx, seams, row, now.base, now.history)
-        if row.optuna_number in running and row.status == "interrupted":
+        if row.optuna_number in running and row.status == Status.INTERRUPTED:
             studies.fail(study, row.optuna_number)
         elif row.optuna_number in running:
             studies.tell_row(study, row.optuna_number, row)
@@ -219,7 +219,7 @@ def wind_down(ctx: RunContext, seams: Seams, study: studies.Study, me: Worker | 
     run, ledger = ctx.run, seams.ledger
     while True:
         history = ledger.trials(run.id)
-        running = [t for t in history if t.status == "running" and (me is None or t.worker_id != me.id)]
+        running = [t for t in history if t.status == Status.RUNNING and (me is None or t.worker_id != me.id)]
         crew.bury(ledger, run, study, ctx.home, seams.say)
         if not running or clock.seconds_left(run.deadline_at) < -crew.STOP_GRACE_S:
             break
@@ -233,7 +233,7 @@ def cut_once(history: list[Trial], seen: dict) -> Trial | None:
     (a crash costs no candidate; the sampler would not draw it again). Cut twice, it is left alone: a
     point that takes the agent down with it must not do so all night."""
     key = lambda t: repr(sorted(t.params.items()))  # noqa: E731
-    cuts = [t for t in history if t.source in CANDIDATES and t.status == "interrupted"]
+    cuts = [t for t in history if t.source in CANDIDATES and t.status == Status.INTERRUPTED]
     for t in cuts:
         again = [u for u in history if u.number > t.number and key(u) == key(t)]
         if key(t) not in seen and not again and sum(key(u) == key(t) for u in cuts) == 1:
@@ -254,10 +254,10 @@ def spent(history: list[Trial], max_trials: int | None) -> bool:
         return False
     cut, count = set(), 0
     for t in history:
-        if t.source not in CANDIDATES or t.status == "skipped":
+        if t.source not in CANDIDATES or t.status == Status.SKIPPED:
             continue
         point = repr(sorted((t.params or {}).items()))
-        if t.status == "interrupted" and point not in cut:
+        if t.status == Status.INTERRUPTED and point not in cut:
             cut.add(point)
             continue
         count += 1
@@ -292,10 +292,10 @@ def expected_trial_s(history: list[Trial], heldout_points: int = 0) -> float:
     share = lambda t: budget.heldout_share(t.measured, heldout_points)  # noqa: E731
     durations = [t.timings.get("total_s", 0) + t.timings.get("recheck_first_s",
                                                              budget.heldout_instance_s(t.timings, share(t)))
-                 for t in history if t.status in ("ok", "failed") and t.source in CANDIDATES]
+                 for t in history if t.status in (Status.OK, Status.FAILED) and t.source in CANDIDATES]
     if durations:
         return max(durations)
-    defaults = [t for t in history if t.status == "ok" and t.source in DEFAULTS]
+    defaults = [t for t in history if t.status == Status.OK and t.source in DEFAULTS]
     return budget.plan(defaults[-1].timings, 0, False, 0, 0,
                        heldout_share=share(defaults[-1]))["decided_in_s"] if defaults else 0.0
 

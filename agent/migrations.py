@@ -75,7 +75,9 @@ def m002_run_owner(conn: Connection, tables: dict) -> None:
 _FLAT_GATE = {"ppl_tolerance": "ppl_tolerance", "ppl_max": "ppl_max", "min_gain": "min_gain", "kl_max": "kl_max",
               "kl_max_lossy": "kl_max_lossy", "ttft_p99_ms_max": "slo_ttft_p99_ms",
               "itl_p99_ms_max": "slo_itl_p99_ms", "level": "level", "detect": "detect",
-              "max_instances": "max_instances", "exact": "exact", "noisy": "noisy", "max_defaults": "max_defaults"}
+              "max_instances": "max_instances", "exact": "exact", "noisy": "noisy", "max_defaults": "max_defaults",
+              # between 480ecef and the settings stored as used (2026-12-03) the SLOs were kept flat under these
+              "slo_ttft_p99_ms": "slo_ttft_p99_ms", "slo_itl_p99_ms": "slo_itl_p99_ms"}
 
 
 @migration
@@ -84,7 +86,7 @@ def m003_settings_as_used(conn: Connection, tables: dict) -> None:
     the workload under `workload_spec`, the noise prior as [sd, df]. Each is rewritten in the shape
     a run stores now (the gate's under `gate`, the prior as {sd, df}), so one reader serves every run;
     the model its row names where they lack one; the newer settings stay absent and read as their defaults. A row whose values have another shape
-    is left as it was (agent.context.from_flat still reads it)."""
+    is left as it was (agent.context.settings_of reads what it lacks as the defaults)."""
     runs = tables["runs"]
     for id_, settings, workload, model in conn.execute(select(runs.c.id, runs.c.settings, runs.c.workload,
                                                               runs.c.model)).all():
@@ -102,6 +104,20 @@ def m003_settings_as_used(conn: Connection, tables: dict) -> None:
             settings={"model": model, **kept, "workload": settings.get("workload_spec") or workload, "gate": gate}))
 
 
+@migration
+def m004_flat_slos_into_the_gate(conn: Connection, tables: dict) -> None:
+    """m003 as first shipped left `slo_ttft_p99_ms` and `slo_itl_p99_ms` of a flat row beside the gate
+    instead of in it (the run read no SLO): each moves into the gate where the gate lacks it."""
+    runs = tables["runs"]
+    for id_, settings in conn.execute(select(runs.c.id, runs.c.settings)).all():
+        if not isinstance(settings, dict) or not isinstance(settings.get("gate"), dict):
+            continue
+        moved = {k: settings[k] for k in ("slo_ttft_p99_ms", "slo_itl_p99_ms") if k in settings and k not in settings["gate"]}
+        if moved:
+            kept = {k: v for k, v in settings.items() if k not in moved}
+            conn.execute(update(runs).where(runs.c.id == id_).values(settings={**kept, "gate": {**settings["gate"], **moved}}))
+
+
 # Columns named "tps" held whatever the run's objective measured (requests/s under goodput), so they
 # were renamed for what they hold; each old name stays as a read-only generated column of the new
 # one, so saved SQL (`SELECT tps, tps_ratio FROM trials`) reads what it read before.
@@ -115,7 +131,7 @@ RENAMED = {
 
 @fresh_too
 @migration
-def m004_figures_named_by_unit(conn: Connection, tables: dict) -> None:
+def m005_figures_named_by_unit(conn: Connection, tables: dict) -> None:
     """tps -> figure, tps_ratio -> search_ratio, ... (RENAMED), each old name kept as an alias
     (2026-12-06). A fresh ledger gets the aliases too."""
     stored = "STORED" if conn.dialect.name == "postgresql" else "VIRTUAL"   # SQLite adds only virtual ones

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandbox.workload import latency_of
+from sandbox.contract import latency_of
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import Protocol
 
 from agent.ledger import Run, Trial
 from agent.space import Space
-from agent.states import DEFAULTS_ON_SEARCH
-from sandbox.metrics import share_above
+from agent.states import DEFAULTS_ON_SEARCH, Source, Status
+from sandbox.contract import share_above
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,8 @@ def _tried(history: list[Trial]) -> set[str]:
     worker lost) was not measured: it is proposed again once, not a second time (a point that takes
     the agent down with it must not do so all night)."""
     key = lambda t: repr(sorted(t.params.items()))  # noqa: E731
-    interrupted = Counter(key(t) for t in history if t.status == "interrupted")
-    return {key(t) for t in history if t.status != "interrupted"} | {k for k, n in interrupted.items() if n > 1}
+    interrupted = Counter(key(t) for t in history if t.status == Status.INTERRUPTED)
+    return {key(t) for t in history if t.status != Status.INTERRUPTED} | {k for k, n in interrupted.items() if n > 1}
 
 
 # Prompt lookup pays where answers repeat their context. The defaults' own answers on the search
@@ -116,7 +116,7 @@ def _tokens_per_step(share: float, k: int) -> float:
 def _defaults_repeat_share(history: list[Trial]) -> float | None:
     """The mean repeat share of the defaults' measured instances, or None if none measured it."""
     shares = [t.measured["repeat_share"] for t in history if t.source in DEFAULTS_ON_SEARCH
-              and t.status == "ok" and (t.measured or {}).get("repeat_share") is not None]
+              and t.status == Status.OK and (t.measured or {}).get("repeat_share") is not None]
     return sum(shares) / len(shares) if shares else None
 
 
@@ -131,7 +131,7 @@ def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
     then led), halved first when not; a k measured already is not proposed again."""
     knob = space.knobs["speculative-config.num_speculative_tokens"]
     low, high = int(knob.low), int(knob.high)
-    best = max((t for t in history if t.params == start and t.status == "ok"), key=lambda t: t.number, default=None)
+    best = max((t for t in history if t.params == start and t.status == Status.OK), key=lambda t: t.number, default=None)
     k = start.get("speculative-config.num_speculative_tokens", 4)
     if best is None:
         return
@@ -223,7 +223,7 @@ def _slo_that_broke(history: list[Trial], facts: dict | None = None) -> tuple[st
     found = []
     slo = {k: v for k, v in ((facts or {}).get("slo") or {}).items() if v}
     for t in history:
-        if t.source not in DEFAULTS_ON_SEARCH or t.status != "ok":
+        if t.source not in DEFAULTS_ON_SEARCH or t.status != Status.OK:
             continue
         g = (t.measured or {}).get("goodput") or {}
         if g.get("bounds"):
@@ -248,7 +248,7 @@ class BuiltinPlanner:
     name = "builtin"
 
     def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
-        ok = [t for t in history if t.status == "ok" and t.source != "extra"]  # extra: held-out speed only
+        ok = [t for t in history if t.status == Status.OK and t.source != Source.EXTRA]  # extra: held-out speed only
         accepted = [t for t in ok if t.gate_passed]
         best = max(accepted, key=lambda t: t.figure or 0, default=None)
         start = dict(best.params) if best else {}
@@ -283,7 +283,7 @@ class BuiltinPlanner:
                 continue
             failed = [t.params[knob.name] for t in history
                       if t.failure_class in CAPACITY_FAILURES and knob.name in t.params]
-            worked = [t.params[knob.name] for t in history if t.status == "ok" and knob.name in t.params]
+            worked = [t.params[knob.name] for t in history if t.status == Status.OK and knob.name in t.params]
             if not failed or not worked or max(worked) >= min(failed) or max(worked) < knob.low:
                 continue
             top = (max(worked) * min(failed)) ** 0.5

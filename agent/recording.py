@@ -8,7 +8,7 @@ from agent.context import RunContext, Seams
 from agent.ledger import Ledger, Trial, utcnow
 from agent.states import Superseded
 from agent.stats import interval
-from sandbox.result import TrialResult
+from sandbox.contract import TrialResult
 
 
 def open_trial(ctx: RunContext, ledger: Ledger, point: dict, source: str,

@@ -6,6 +6,7 @@ tell), so a crash at any point leaves one of a few known states, each repaired h
 - an Optuna trial still RUNNING: told FAIL, so the study never waits on it;
 - a config that passed on search prompts, cut inside its held-out decision: put forward, so the
   resumed coordinator decides it again (a crash costs no candidate);
+- a study lost, or told otherwise than the ledger says: rebuilt from the ledger (study.rebuild);
 - a branch created just before the crash whose row does not name it yet: the row is completed
   from the commit's trailers (Agent-Run, Agent-Trial), since only the gate creates branches;
 - a ref lock git left under our own prefix: removed (we hold the run lock, so it is stale);
@@ -27,9 +28,10 @@ import socket
 import git
 import psutil
 
-from agent import crew, decision, gitops, states, study as studies
+from agent import crew, decision, gitops, space as spaces, states, study as studies
 from agent.engine import reap, trial_processes
 from agent.ledger import Ledger, Run, Worker, utcnow
+from agent.states import Decision, Status
 
 
 class Busy(RuntimeError):
@@ -106,13 +108,13 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
         if killed := reap(progress):
             done.append(f"{progress.parent.name}: ended processes {killed} left running by the crash")
     for t in ledger.trials(run.id):
-        if t.status == "running" and t.worker_id in going:
+        if t.status == Status.RUNNING and t.worker_id in going:
             continue   # a worker on another host measures it now
-        if t.status == "running":
+        if t.status == Status.RUNNING:
             ledger.transition(t, status="interrupted", failure_class="interrupted", finished_at=utcnow(),
                           failure_message="the agent stopped while this trial was in flight")
             done.append(f"trial {t.number}: in flight at the crash, recorded as interrupted")
-        elif t.decision == "awaiting_recheck" and not t.branch:
+        elif t.decision == Decision.AWAITING_RECHECK and not t.branch:
             # Passed on the search prompts, cut inside its held-out decision: not lost, but put forward
             # as a worker's candidate is, so the resumed coordinator decides it (a crash costs no candidate).
             ledger.transition(t, gate_passed=None, decision="put_forward", gate_reasons=[
@@ -128,7 +130,7 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
     finished = {t.optuna_number: t for t in trials
                 if t.optuna_number is not None and t.status in states.FINISHED and t.optuna_number not in later}
     # A live worker on another host still measures these: their Optuna trials are its to tell.
-    theirs = {t.optuna_number for t in trials if t.status == "running" and t.worker_id in going}
+    theirs = {t.optuna_number for t in trials if t.status == Status.RUNNING and t.worker_id in going}
     # The constraint Optuna records is the one the loop computed and stored in the ledger.
     study = studies.recorded(run.id, storage, list(finished.values()))
     if study is not None:
@@ -143,6 +145,7 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
             # Killed after the ledger row was finished but before the tell: tell what the row says.
             studies.tell_row(study, ft.number, row)
             done.append(f"optuna trial {ft.number}: finished in the ledger (trial {row.number}), told its result")
+    done += _rebuild_if_it_disagrees(ledger, run, storage, busy=bool(going) or bool(later))
     if repo is not None:
         refs = Path(repo.git_dir) / "refs" / "heads" / "agent" / run.id
         for lock in sorted(refs.glob("*.lock")) if refs.is_dir() else []:
@@ -159,13 +162,32 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
     return done
 
 
+def _rebuild_if_it_disagrees(ledger: Ledger, run: Run, storage: str, busy: bool) -> list[str]:
+    """The ledger is the record and the study is derived from it: where they still disagree (a study
+    lost, or one told otherwise than its rows say), the study is made again from the ledger. Not while
+    a worker elsewhere or the resumed loop has yet to tell trials of its own."""
+    rows = ledger.trials(run.id)
+    study = studies.read(run.id, storage)
+    found = studies.disagreements(study, rows) if study is not None else \
+        ([f"the study {run.id} is missing"] if any(t.optuna_number is not None for t in rows) else [])
+    if not found or busy:
+        return []
+    try:
+        knobs = spaces.load(run.space_path).knobs.values()
+    except spaces.SpaceError:   # a space file gone: each trial keeps the distributions the old study had
+        knobs = []
+    studies.rebuild(run.id, storage, rows, {k.name: k.distribution() for k in knobs})
+    return [f"the study disagreed with the ledger ({found[0]}{f'; {len(found) - 1} more' if len(found) > 1 else ''}):"
+            f" rebuilt from the ledger"]
+
+
 def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> list[str]:
     """Every disagreement between the ledger, the study and git for one run (empty: consistent)."""
     out = []
     trials = ledger.trials(run.id)
     if run.status != "running":
         out += [f"trial {t.number}: still 'running' in a run that is {run.status}" for t in trials
-                if t.status == "running"]
+                if t.status == Status.RUNNING]
     numbers = [t.number for t in trials]
     if len(numbers) != len(set(numbers)):
         out.append("trial numbers repeat")
@@ -173,16 +195,9 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
     candidates = [t for t in trials if t.optuna_number is not None]
     if study is not None:
         told = {ft.number: ft for ft in study.get_trials(deepcopy=False)}
-        seen = set()
-        for t in candidates:
-            ft = told.get(t.optuna_number)
-            if ft is None:
-                out.append(f"trial {t.number}: Optuna trial {t.optuna_number} is not in the study")
-            elif t.optuna_number in seen:
-                out.append(f"trial {t.number}: Optuna trial {t.optuna_number} is counted twice")
-            elif t.status in ("ok", "failed", "skipped", "pruned") and ft.state != studies.expected_state(t.status):
-                out.append(f"trial {t.number}: {t.status} in the ledger but {ft.state.name} in the study")
-            seen.add(t.optuna_number)
+        numbers = [t.optuna_number for t in candidates]
+        out += [f"Optuna trial {n} is counted twice" for n in sorted({n for n in numbers if numbers.count(n) > 1})]
+        out += studies.disagreements(study, trials)
         if run.status != "running":
             out += [f"optuna trial {ft.number}: still RUNNING" for ft in told.values()
                     if ft.state == studies.State.RUNNING]
@@ -221,9 +236,9 @@ def worker_problems(ledger: Ledger, run: Run, trials: list) -> list[str]:
             out.append(f"worker {w.name} ({w.device}): still going in a run that is {run.status}")
     for t in trials:
         holder = workers.get(t.worker_id)
-        if t.status == "running" and holder is not None and holder.status != "running":
+        if t.status == Status.RUNNING and holder is not None and holder.status != "running":
             out.append(f"trial {t.number}: still 'running' but its worker {holder.name} is {holder.status}")
-        if t.decision == "put_forward" and run.status == "finished":   # a stopped run decides it on resume
+        if t.decision == Decision.PUT_FORWARD and run.status == "finished":   # a stopped run decides it on resume
             out.append(f"trial {t.number}: put forward but never decided")
     return out
 

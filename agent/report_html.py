@@ -18,7 +18,7 @@ from agent import objective
 from agent.ledger import LearnedRule
 from agent.proposal import run_meter, traffic_line
 from agent.refusals import describe
-from agent.states import CANDIDATES
+from agent.states import CANDIDATES, Decision, Source, Status
 from agent.views import RunView, TrialView
 
 SECTIONS = ["summary", "branches", "speed-over-time", "speed-vs-quality", "speed-vs-latency", "failures",
@@ -65,12 +65,12 @@ def speed_over_time(run: RunView, trials: list[TrialView]) -> str:
         fig.add_hrect(y0=low, y1=high, fillcolor="lightgray", opacity=0.4, line_width=0,
                       annotation_text="defaults ±2 noise", annotation_position="top left")
         fig.add_hline(y=run.baseline_figure, line_dash="dot", line_color="gray")
-    groups = [("defaults (baseline, A/A, other devices)", lambda t: t.source in ("baseline", "aa", "device"),
+    groups = [("defaults (baseline, A/A, other devices)", lambda t: t.source in (Source.BASELINE, Source.AA, Source.DEVICE),
                "gray", "circle"),
-              ("drift checks", lambda t: t.source == "drift", "orange", "diamond"),
+              ("drift checks", lambda t: t.source == Source.DRIFT, "orange", "diamond"),
               ("accepted", lambda t: bool(t.branch), "green", "star"),
-              ("pruned", lambda t: t.status == "pruned", "purple", "x"),
-              ("other candidates", lambda t: t.source in CANDIDATES and not t.branch and t.status != "pruned",
+              ("pruned", lambda t: t.status == Status.PRUNED, "purple", "x"),
+              ("other candidates", lambda t: t.source in CANDIDATES and not t.branch and t.status != Status.PRUNED,
                "steelblue", "circle")]
     for name, keep, color, symbol in groups:
         pts = [t for t in measured if keep(t)]
@@ -107,7 +107,7 @@ def _versus(trials: list[TrialView], x_of: Callable[[TrialView], float | None], 
 def failures(trials: list[TrialView], rules: list[LearnedRule]) -> str:
     import plotly.graph_objects as go
 
-    counts = Counter(t.failure_class or t.status for t in trials if t.status in ("failed", "skipped", "pruned"))
+    counts = Counter(t.failure_class or t.status for t in trials if t.status in (Status.FAILED, Status.SKIPPED, Status.PRUNED))
     parts = []
     if counts:
         fig = go.Figure(go.Bar(x=list(counts), y=list(counts.values()), marker_color="indianred"))
@@ -115,7 +115,7 @@ def failures(trials: list[TrialView], rules: list[LearnedRule]) -> str:
         parts.append(_figure(fig))
     else:
         parts.append("<p>No trial failed, was skipped or was pruned.</p>")
-    failed = [t for t in trials if t.status in ("failed", "skipped")]
+    failed = [t for t in trials if t.status in (Status.FAILED, Status.SKIPPED)]
     if failed:
         parts.append(_table(["trial", "status", "class", "phase", "vLLM's words / reason"],
                             [[t.number, t.status, t.failure_class, t.failed_phase,
@@ -124,7 +124,7 @@ def failures(trials: list[TrialView], rules: list[LearnedRule]) -> str:
     parts.append(_table(["rule", "from trial", "stage", "how", "settings", "vLLM said"],
                         [[r.id, r.from_trial, r.stage, r.how, describe(r.settings),
                           r.message[:300]] for r in rules]) if rules else "<p>None: vLLM refused nothing.</p>")
-    pruned = [t for t in trials if t.status == "pruned"]
+    pruned = [t for t in trials if t.status == Status.PRUNED]
     parts.append("<h3>Pruned trials (stopped once they could not beat the defaults)</h3>")
     parts.append(_table(["trial", f"{objective.of(trials[0].meter if trials else None).unit} when stopped", "why"], [[t.number, t.figure, "; ".join(t.gate_reasons)[:300]]
                                                                 for t in pruned]) if pruned else "<p>None.</p>")
@@ -177,7 +177,7 @@ def render(run: RunView, trials: list[TrialView], rules: list[LearnedRule], stud
     from plotly.offline import get_plotlyjs
 
     cal = run.calibration or {}
-    speed_only = [t for t in trials if t.decision == "speed-only"]
+    speed_only = [t for t in trials if t.decision == Decision.SPEED_ONLY]
     candidates = [t for t in trials if t.source in CANDIDATES]
     summary = (f"<p>{html.escape(run.model)} on {html.escape(str((run.hardware or {}).get('gpus') or (run.hardware or {}).get('cpu')))}"
                f", {html.escape(run.engine or '')} {html.escape(run.engine_version or '')}; meter "

@@ -10,7 +10,7 @@ from rich.table import Table
 from agent import budget, objective, refusals
 from agent.gate import fmt_ms, geomean
 from agent.ledger import LearnedRule, RangeChange
-from agent.states import DEFAULTS_ON_SEARCH
+from agent.states import DEFAULTS_ON_SEARCH, Decision, Source, Status
 
 P99S = (("ttft_p99_ms", "TTFT"), ("itl_p99_ms", "ITL"))
 from agent.views import RunView, TrialView
@@ -24,7 +24,7 @@ def claim(t: TrialView) -> str:
 def defaults_p99(trials: list[TrialView], attr: str) -> float | None:
     """The defaults' p99 of one latency: the geometric mean of their instances', as the latency guard takes it."""
     found = [getattr(t, attr) for t in trials
-             if t.source in DEFAULTS_ON_SEARCH and t.status == "ok" and (getattr(t, attr) or 0) > 0]
+             if t.source in DEFAULTS_ON_SEARCH and t.status == Status.OK and (getattr(t, attr) or 0) > 0]
     return geomean(found) if found else None
 
 
@@ -41,13 +41,13 @@ def latencies(t: TrialView, trials: list[TrialView]) -> str:
 
 def on_latency(t: TrialView) -> bool:
     """Refused by the gate for its latency: the latency guard or an SLO."""
-    return t.decision == "refused" and any(r.startswith(("latency:", "SLO:")) for r in t.gate_reasons or [])
+    return t.decision == Decision.REFUSED and any(r.startswith(("latency:", "SLO:")) for r in t.gate_reasons or [])
 
 
 def summary(run: RunView, trials: list[TrialView]) -> Iterator[str]:
     """The lines a finished run ends with."""
     accepted = [t for t in trials if t.branch]
-    failed = [t for t in trials if t.status == "failed"]
+    failed = [t for t in trials if t.status == Status.FAILED]
     yield (f"finished: run {run.id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
            f"baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} (noise ±{run.noise:.1%} "
            f"log-sd, {run.noise_df} df)")
@@ -99,7 +99,7 @@ def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule], narr
     if cal.get("plan"):
         yield f"  {budget.plan_line(cal['plan'])}"
     yield f"  {len(trials)} trials: {by('status')}; sources: {by('source')}"
-    cheap = [t for t in trials if t.decision in ("pruned", "speed-only") or t.failed_phase == "preflight"
+    cheap = [t for t in trials if t.decision in (Decision.PRUNED, Decision.SPEED_ONLY) or t.failed_phase == "preflight"
              or (t.failure_message or "").startswith("contains learned rule")]
     if cheap:
         saved = lambda pred: sum(1 for t in cheap if pred(t))  # noqa: E731
@@ -107,7 +107,7 @@ def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule], narr
                f"{saved(lambda t: t.decision == 'speed-only')} speed-only (no quality phase), "
                f"{saved(lambda t: t.failed_phase == 'preflight')} refused at pre-flight, "
                f"{saved(lambda t: (t.failure_message or '').startswith('contains learned rule'))} skipped by a learned rule")
-    failures = [t.failure_class for t in trials if t.failure_class and t.status == "failed"]
+    failures = [t.failure_class for t in trials if t.failure_class and t.status == Status.FAILED]
     if failures:
         yield "  failures: " + ", ".join(f"{n} {c}" for c, n in sorted(
             {c: failures.count(c) for c in set(failures)}.items()))
@@ -117,14 +117,14 @@ def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule], narr
                f"{refusals.describe(r.settings)}: {r.message[:200]}; {skipped} point(s) skipped")
     for c in narrowings:
         yield f"  narrowed {c.knob} to [{c.low:g}, {c.high:g}] after trial {c.after_trial}: {c.rationale}"
-    drift = [t for t in trials if t.source == "drift"]
+    drift = [t for t in trials if t.source == Source.DRIFT]
     if drift:
         yield f"  drift checks: {', '.join(f'{t.search_ratio:.3f}x' for t in drift if t.search_ratio)}"
     accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     for t in accepted:
         yield (f"  {t.branch}: {claim(t)}, {latencies(t, trials)}, ppl {t.ppl_change:+.2%}, {len(t.flips or [])} "
                f"near-tie flip(s) [{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
-    for t in (t for t in trials if t.decision == "dominated"):
+    for t in (t for t in trials if t.decision == Decision.DOMINATED):
         yield f"  trial {t.number} dominated (not branched): {claim(t)}, {latencies(t, trials)}: {t.gate_reasons[-1]}"
     for t in (t for t in trials if on_latency(t)):   # faster, perhaps, but by holding requests longer
         yield (f"  trial {t.number} refused on latency: {t.search_ratio:.3f}x search, {latencies(t, trials)} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from agent import clock, refusals
 from agent.context import RefusalCheck, RunContext, Seams
 from agent.ledger import LearnedRule, Trial
+from agent.states import Status
 
 
 def refusal_check(ctx: RunContext, seams: Seams) -> RefusalCheck | None:
@@ -49,7 +50,7 @@ def learn(ctx: RunContext, seams: Seams, row: Trial) -> None:
     """A point vLLM refused (at pre-flight or at start) becomes a rule of the run: the smallest set of
     its changes still refused, so no later point that contains it is started."""
     cause = row.failure_cause or row.failure_message or ""
-    if row.failure_class != "invalid_config" or row.status != "failed":
+    if row.failure_class != "invalid_config" or row.status != Status.FAILED:
         return
     point, check = row.params, ctx.refusal_check
     stage = "pre-flight" if row.failed_phase == "preflight" else "start"

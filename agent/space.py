@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 import yaml
 
-from sandbox.spec import ENV_ALLOWLIST, FLAG_NAME, SpecError, check_env, check_flags
+from sandbox.contract import ENV_ALLOWLIST, FLAG_NAME, SpecError, check_env, check_flags
 
 SPACES = Path(__file__).resolve().parents[1] / "search_space"
 TYPES = ("int", "float", "bool", "categorical")
@@ -47,6 +47,16 @@ class Knob:
     def applies(self, point: dict) -> bool:
         # A `when` value may be one value or a list of them (num_speculative_tokens serves two methods).
         return all(point.get(k) in v if isinstance(v, list) else point.get(k) == v for k, v in self.when.items())
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        """What `suggest` draws from, for a trial added to a study rebuilt from the ledger."""
+        if self.type == "int":
+            return optuna.distributions.IntDistribution(int(self.low), int(self.high), log=self.log)
+        if self.type == "float":
+            return optuna.distributions.FloatDistribution(self.low, self.high, log=self.log)
+        if self.type == "bool":
+            return optuna.distributions.CategoricalDistribution([False, True])
+        return optuna.distributions.CategoricalDistribution(list(self.choices))
 
     def suggest(self, trial: optuna.Trial) -> Any:
         if self.type == "int":

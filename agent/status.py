@@ -17,6 +17,7 @@ from agent.budget import minutes, plan_line
 from agent.ledger import Ledger, Run, Worker
 from agent.recovery import lock_holder
 from agent.views import RunView, TrialView
+from agent.states import Decision, Status
 
 
 def in_flight(events: Path) -> tuple[int, str, datetime] | None:
@@ -54,7 +55,7 @@ def crew_lines(workers: list[Worker], trials: list[TrialView]) -> list[str]:
     if len(workers) < 2:
         return []
     ran = Counter(t.worker_id for t in trials)
-    waiting = Counter(t.worker_id for t in trials if t.decision == "put_forward")
+    waiting = Counter(t.worker_id for t in trials if t.decision == Decision.PUT_FORWARD)
     accepted = Counter(t.worker_id for t in trials if t.branch)
     lines = []
     for w in workers:
@@ -101,19 +102,19 @@ def describe(run: RunView, trials: list[TrialView], home: Path, now: datetime | 
                      f"{describe_params(t)}")
     if pid or remote:   # the workers' trials in flight too (their phases are in their own hosts' events)
         lines += [f"  trial {t.number} [{t.source}] in flight: {describe_params(t)}" for t in trials
-                  if t.status == "running" and not (flight and t.number == flight[0])]
+                  if t.status == Status.RUNNING and not (flight and t.number == flight[0])]
     else:
         lines += [f"  trial {t.number} [{t.source}] interrupted (the resume records it): {describe_params(t)}"
-                  for t in trials if t.status == "running"]
+                  for t in trials if t.status == Status.RUNNING]
     accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     if accepted:
         b = accepted[0]
         lines.append(f"  best so far: {b.branch} {b.held_out_claim or f'{b.search_ratio:.3f}x'}, trial {b.number}")
     else:
         lines.append("  best so far: nothing accepted yet")
-    done = [t for t in trials if t.status != "running"]
+    done = [t for t in trials if t.status != Status.RUNNING]
     counts = Counter(t.status for t in done)
-    failures = Counter(t.failure_class for t in done if t.status == "failed")
+    failures = Counter(t.failure_class for t in done if t.status == Status.FAILED)
     if not done:
         lines.append("  no trial done yet")
         return lines

@@ -15,7 +15,9 @@ import warnings
 
 import optuna
 
+from agent import states
 from agent.ledger import Trial
+from agent.states import Status
 
 # multivariate/group/constraints TPE are marked experimental; they are what this loop needs.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -91,7 +93,7 @@ def importances(study: optuna.Study) -> dict[str, float]:
 
 def told(row: Trial) -> tuple[float, float]:
     """What Optuna is told of a finished trial: (value, constraint), both from its ledger row."""
-    value = row.claimed_ratio if row.status in ("ok", "pruned") else 0.0
+    value = row.claimed_ratio if row.status in (Status.OK, Status.PRUNED) else 0.0
     return value, row.constraint if row.constraint is not None else 1.0
 
 
@@ -109,7 +111,7 @@ def tell_row(study: optuna.Study, number: int, row: Trial) -> None:
     """Tell Optuna trial `number` what a finished ledger row says, as the loop would have."""
     # A trial asked by another process is reached by its id; Study has no public way from a number.
     trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
-    tell(study, optuna.trial.Trial(study, trial_id), *told(row), pruned=row.status == "pruned")
+    tell(study, optuna.trial.Trial(study, trial_id), *told(row), pruned=row.status == Status.PRUNED)
 
 
 def fail(study: optuna.Study, number: int) -> bool:
@@ -151,3 +153,76 @@ def told_so_far(study: optuna.Study, sampler_per_planner: int) -> tuple[dict[str
             return seen, since
         since += 1
     return seen, sampler_per_planner
+
+
+def disagreements(study: optuna.Study, rows: list[Trial]) -> list[str]:
+    """Where the study does not hold what the ledger's candidate rows say it was told (state, value,
+    constraint), or lacks a trial a row names. The ledger is the record: each is a reason to
+    rebuild the study from it."""
+    told_now = {ft.number: ft for ft in study.get_trials(deepcopy=False)}
+    out = []
+    for row in (t for t in rows if t.optuna_number is not None):
+        ft = told_now.get(row.optuna_number)
+        if ft is None:
+            out.append(f"trial {row.number}: Optuna trial {row.optuna_number} is not in the study")
+        elif why := _differs(ft, row):
+            out.append(f"trial {row.number}: {why}")
+    return out
+
+
+def _differs(ft: optuna.trial.FrozenTrial, row: Trial) -> str | None:
+    if row.status not in states.FINISHED:
+        return None   # in flight, or interrupted (told FAIL by whoever noticed)
+    if ft.state != expected_state(row.status):
+        return f"{row.status} in the ledger but {ft.state.name} in the study"
+    value, constraint = told(row)
+    got = ft.value if ft.state == State.COMPLETE else ft.intermediate_values.get(0)
+    held = (ft.system_attrs.get("constraints") or [None])[0]
+    # A worker's candidate is told its search ratio; the coordinator's held-out decision comes later.
+    if got is None or min(abs(got - v) for v in (value, row.search_ratio or value)) > 1e-9 or held != constraint:
+        return f"the study holds {got} (constraint {held}), the ledger {value} ({constraint})"
+    return None
+
+
+def rebuild(run_id: str, storage, rows: list[Trial], distributions: dict) -> optuna.Study:
+    """The run's study made again from the ledger, each trial under its number: one that agrees with
+    its row (or that no row holds: a repeat answered from an earlier point) as the old study had it,
+    one that does not told what its row says (`told`), a point still waiting enqueued again, and
+    the rest FAIL. A param keeps the distribution it was drawn from where the old study has it,
+    else the space's (`distributions`)."""
+    old = read(run_id, storage)
+    before = {ft.number: ft for ft in old.get_trials(deepcopy=True)} if old is not None else {}
+    if old is not None:
+        optuna.delete_study(study_name=run_id, storage=storage)
+    study = optuna.create_study(study_name=run_id, storage=storage, direction="maximize")
+    by_number = {t.optuna_number: t for t in rows if t.optuna_number is not None}
+    for n in range(max([*by_number, *before], default=-1) + 1):
+        row, ft = by_number.get(n), before.get(n)
+        if ft is not None and ft.state == State.WAITING:
+            study.enqueue_trial(ft.params, user_attrs=ft.user_attrs)
+        elif ft is not None and ft.state.is_finished() and (row is None or not _differs(ft, row)):
+            study.add_trial(ft)
+        elif row is not None and row.status in states.FINISHED:
+            study.add_trial(_from_row(row, ft, distributions))
+        else:
+            study.add_trial(optuna.trial.create_trial(state=State.FAIL))
+    return study
+
+
+def _from_row(row: Trial, ft: optuna.trial.FrozenTrial | None, distributions: dict) -> optuna.trial.FrozenTrial:
+    value, constraint = told(row)
+    known = {**distributions, **(ft.distributions if ft is not None else {})}
+    params = {k: v for k, v in row.params.items() if k in known and _fits(known[k], v)}
+    pruned = row.status == states.Status.PRUNED
+    return optuna.trial.create_trial(
+        state=State.PRUNED if pruned else State.COMPLETE, value=None if pruned else value,
+        intermediate_values={0: value} if pruned else None, params=params,
+        distributions={k: known[k] for k in params}, system_attrs={"constraints": [constraint]},
+        user_attrs={**(ft.user_attrs if ft is not None else {"source": row.source}), "constraint": [constraint]})
+
+
+def _fits(distribution: optuna.distributions.BaseDistribution, value) -> bool:
+    try:
+        return distribution._contains(distribution.to_internal_repr(value))
+    except (ValueError, TypeError):
+        return False

@@ -61,7 +61,7 @@ def bodies(shape: Shape, model_dir: str) -> list[dict]:
         extra["temperature"] = shape.temperature
     out = [{"prompt": r.prompt, "max_tokens": int(r.expected_output_len), **extra} for r in drawn]
     if shape.rate is not None:   # a trace: send times as `vllm bench serve --request-rate --burstiness` draws them
-        from sandbox.arrivals import unit_times
+        from sandbox.contract import unit_times
 
         for body, at in zip(out, unit_times(len(out), shape.burstiness, shape.seed)):
             body["timestamp"] = round(at / shape.rate, 3)

@@ -11,9 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from sandbox import traffic as traffic_files
-from sandbox.traffic import Request, Traffic, TrafficError
-from sandbox.workload import Quality, Workload
+from sandbox.contract import QualitySet, Request, Traffic, TrafficError, Workload, load_traffic
 
 CONTEXT_STEP = 256   # the context length served is rounded up to a multiple of this
 
@@ -69,7 +67,7 @@ def prepare(source: Path, out: Path, count_tokens: Callable[[str], int] | None, 
     """Read the user's file (ShareGPT replies counted in the model's tokens; multi_turn: every turn of
     its conversations), and write the run's own copy of its requests as OpenAI bodies: the night
     measures that copy, whatever happens to the source later."""
-    found = traffic_files.load(source, count_tokens=count_tokens, multi_turn=multi_turn)
+    found = load_traffic(source, count_tokens=count_tokens, multi_turn=multi_turn)
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({**r.body, **({"timestamp": r.timestamp} if r.timestamp is not None else {}),
                          **({"conversation": r.conversation} if r.conversation is not None else {})}) + "\n"
@@ -96,7 +94,7 @@ def check_against_model(requests: list[Request], tokens: Tokens, where: str, gre
     return longest
 
 
-def context_length(longest: int, quality: Quality, limit: int | None) -> int:
+def context_length(longest: int, quality: QualitySet, limit: int | None) -> int:
     """The max-model-len the run serves: its longest request or the quality phase's, rounded up, and
     never beyond the model's own limit."""
     need = max(longest, quality.window_tokens + 1, 64 + quality.greedy_max_tokens)

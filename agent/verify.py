@@ -25,6 +25,7 @@ from agent import hub, objective
 from agent.context import settings_of
 from agent.ledger import Ledger
 from agent.stats import compare, pooled_noise
+from agent.states import Source, Status
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
 # The names a branch's results.json gave its figures before they were named by unit (2026-12-06).
@@ -58,8 +59,8 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
     run = ledger.run(claim["run"])
     if run is None:
         raise VerifyError(f"{branch}: run {claim['run']} is not in the ledger")
-    base_row = next((t for t in ledger.trials(run.id) if t.source == "baseline"), None)
-    from sandbox.workload import load_workload
+    base_row = next((t for t in ledger.trials(run.id) if t.source == Source.BASELINE), None)
+    from sandbox.contract import load_workload
 
     used = settings_of(run)
     meter = load_workload(used.workload).with_split(split)
@@ -76,17 +77,16 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
                       "quality": "none", "repeats": used.repeats},
     }
     if (rules := getattr(engine, "rules", None)) is not None:   # the branch's files are data, not the space
-        from sandbox.allowed import check
-        from sandbox.spec import SpecError
+        from sandbox.contract import SpecError, check_allowed
 
         try:
-            check(rules, claim["flags"], claim["env"], f"{branch}:serving/results.json")
+            check_allowed(rules, claim["flags"], claim["env"], f"{branch}:serving/results.json")
         except SpecError as e:
             raise VerifyError(f"{e}: the run's space does not allow it; nothing was started") from None
     claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["search_ratio"]
     band = (claimed * (1 - tolerance), claimed * (1 + tolerance))
     # The run's own instances of the defaults measured the noise: their spread joins this one's.
-    run_defaults = [t.figure for t in ledger.trials(run.id) if t.source in ("baseline", "aa") and t.status == "ok"]
+    run_defaults = [t.figure for t in ledger.trials(run.id) if t.source in (Source.BASELINE, Source.AA) and t.status == Status.OK]
     prior = used.gate.noise_prior   # the one the run's gate used
     figures: dict[str, list[float]] = {"defaults": [], "candidate": []}
     verdict, c = UNDECIDED, None

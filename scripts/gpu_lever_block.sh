@@ -21,8 +21,9 @@ step "levers of the embedded model on all three shapes (at most $LEVER_S s)"
 # LEVERS replaces the lever arguments (a shorter block: fewer levers).
 LEVERS=${LEVERS:-"--lever api-server-count-4 --lever graphs-to-2048 --lever no-async-scheduling --instances 2
     --also api-server-count-2 --also max-num-batched-tokens-16384 --also stream-interval-8"}
+SHAPES=${SHAPES:-"--shape serving-c32 --shape serving-c128 --shape rag-c32"}   # a shorter block: fewer shapes
 # shellcheck disable=SC2086
-$PY scripts/lever_table.py run --shape serving-c32 --shape serving-c128 --shape rag-c32 $LEVERS \
+$PY scripts/lever_table.py run $SHAPES $LEVERS \
     --budget-s "$LEVER_S" --max-defaults-spread 0.10 --out "$R/levers-gpu.jsonl" --raw "$R/raw" \
     > "$R/levers.log" 2>&1 || step "lever table failed"
 

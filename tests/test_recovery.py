@@ -194,6 +194,54 @@ def test_repair_puts_each_crash_state_back_in_agreement(tmp_path):
     assert recovery.problems(ledger, ledger.run("r"), storage, repo) == []
 
 
+def test_a_study_lost_or_told_otherwise_is_rebuilt_from_the_ledger_and_the_run_goes_on(tmp_path):
+    """The ledger is the record and the study is derived from it: a study deleted, or one whose
+    values were changed behind the agent's back, is made again from the ledger by the repair, under
+    the same numbers, with the values and constraints the rows say; the resumed search goes on."""
+    from agent import space as spaces
+    from agent.context import RunContext, Seams, Settings
+    from agent.loop import run_search
+    from fake_engine import FakeEngine
+
+    ledger, space = Ledger(tmp_path / "l.sqlite"), spaces.load("vllm-cpu")
+    storage, repo = f"sqlite:///{tmp_path / 'o.sqlite'}", gitops.open_repo(tmp_path / "p", create=True)
+    run = ledger.add(Run(id="x", deadline_at=(datetime.now() + timedelta(hours=1)).astimezone().isoformat(),
+                         model="m", space_path=space.path, space_hash=space.hash, workload="smoke", repo="",
+                         settings={"home": str(tmp_path)}))
+    settings = Settings(model="m", workload="smoke", max_trials=5, facts={"cpus": 2, "concurrency": 1})
+    run_search(RunContext(run, settings, space), Seams(ledger, FakeEngine(), repo), storage)
+    rows = [t for t in ledger.trials("x") if t.optuna_number is not None]
+
+    def held() -> dict:
+        return {ft.number: (ft.state.name, ft.value, ft.system_attrs.get("constraints"), ft.params)
+                for ft in studies.read("x", storage).get_trials() if ft.number in {t.optuna_number for t in rows}}
+
+    want = held()
+    assert len(want) == len(rows) >= 5 and any(v[0] == "COMPLETE" and v[1] > 1 for v in want.values())
+    optuna.delete_study(study_name="x", storage=storage)
+    assert any("missing" in p for p in recovery.problems(ledger, ledger.run("x"), storage, repo))
+    assert any("rebuilt from the ledger" in line for line in recovery.repair(ledger, ledger.run("x"), storage, repo))
+    assert held() == want and recovery.problems(ledger, ledger.run("x"), storage, repo) == []
+
+    best = max(rows, key=lambda t: t.claimed_ratio)
+    import sqlite3
+    db = sqlite3.connect(tmp_path / "o.sqlite")
+    db.execute("UPDATE trial_values SET value = 0.01 WHERE trial_id = (SELECT trial_id FROM trials WHERE number = ?)",
+               (best.optuna_number,))
+    db.commit()
+    db.close()
+    (found,) = recovery.problems(ledger, ledger.run("x"), storage, repo)
+    assert f"trial {best.number}: the study holds 0.01" in found
+    recovery.repair(ledger, ledger.run("x"), storage, repo)
+    assert held() == want and recovery.problems(ledger, ledger.run("x"), storage, repo) == []
+    settings.max_trials = 7   # the resumed search asks the rebuilt study for more
+    run_search(RunContext(ledger.update(ledger.run("x"), status="running"), settings, space),
+               Seams(ledger, FakeEngine(), repo), storage)
+    numbers = [t.optuna_number for t in ledger.trials("x") if t.optuna_number is not None]
+    assert len(numbers) > len(rows) and len(set(numbers)) == len(numbers)
+    assert recovery.problems(ledger, ledger.run("x"), storage, repo) == []
+
+
 def test_a_worker_stopped_between_its_record_and_its_tell_tells_optuna_what_the_loop_would(tmp_path, monkeypatch):
     """The stop path (a worker stopped by a signal after recording a trial, before telling Optuna):
     each finished row is told its value, its constraint and, when pruned, its partial ratio, exactly

@@ -32,13 +32,38 @@ def test_a_run_row_written_before_the_settings_were_stored_as_used_is_read_with_
     old = {"home": str(tmp_path), "budget": "30m", "quality": "quick", "workload_spec": {"name": "mine"},
            "ppl_tolerance": 0.02, "slo_itl_p99_ms": 100.0, "exact": True, "noise_prior": [0.07, 4], "repeats": 3,
            "one_knob_start": True, "planner": "builtin", "workers": 1}
-    back = settings_of(_run(Ledger(tmp_path / "ledger.sqlite"), old))
+    _run(Ledger(tmp_path / "ledger.sqlite"), old)
+    import sqlite3   # a ledger from before the rewrite: its migrations table lacks it, so opening applies it
+    db = sqlite3.connect(tmp_path / "ledger.sqlite")
+    db.execute("DELETE FROM migrations WHERE name = 'm003_settings_as_used'")
+    db.commit()
+    db.close()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    assert ledger.migrated == ["m003_settings_as_used"]
+    back = settings_of(ledger.run("r1"))
     assert back.workload == {"name": "mine"} and back.quality == "quick" and back.repeats == 3
     assert back.gate == GateSettings(ppl_tolerance=0.02, slo_itl_p99_ms=100.0, exact=True, noise_prior=Noise(0.07, 4))
     assert back.one_knob_start and back.seed == 0 and back.home == tmp_path
     # older still: no workload spec, no prior: the run's workload name and no prior
     older = settings_of(Run(id="r0", workload="smoke", settings={"home": str(tmp_path)}))
     assert older.workload == "smoke" and older.gate.noise_prior == Noise(0.0, 0)
+
+
+def test_slos_the_first_m003_left_beside_the_gate_are_moved_into_it(tmp_path):
+    """A flat row from between 480ecef and the settings stored as used kept its SLOs as
+    slo_itl_p99_ms; the first m003 left them beside the gate, where no run reads them."""
+    _run(Ledger(tmp_path / "ledger.sqlite"), {"home": str(tmp_path), "slo_itl_p99_ms": 100.0, "model": "m",
+                                               "workload": "smoke", "gate": {"ppl_tolerance": 0.02}})
+    import sqlite3
+    db = sqlite3.connect(tmp_path / "ledger.sqlite")
+    db.execute("DELETE FROM migrations WHERE name = 'm004_flat_slos_into_the_gate'")
+    db.commit()
+    db.close()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    assert ledger.migrated == ["m004_flat_slos_into_the_gate"]
+    back = settings_of(ledger.run("r1"))
+    assert back.gate == GateSettings(ppl_tolerance=0.02, slo_itl_p99_ms=100.0) and "slo_itl_p99_ms" not in \
+        ledger.run("r1").settings
 
 
 def test_a_postgresql_password_given_as_a_query_parameter_is_never_printed(tmp_path):
