@@ -104,20 +104,6 @@ def m003_settings_as_used(conn: Connection, tables: dict) -> None:
             settings={"model": model, **kept, "workload": settings.get("workload_spec") or workload, "gate": gate}))
 
 
-@migration
-def m004_flat_slos_into_the_gate(conn: Connection, tables: dict) -> None:
-    """m003 as first shipped left `slo_ttft_p99_ms` and `slo_itl_p99_ms` of a flat row beside the gate
-    instead of in it (the run read no SLO): each moves into the gate where the gate lacks it."""
-    runs = tables["runs"]
-    for id_, settings in conn.execute(select(runs.c.id, runs.c.settings)).all():
-        if not isinstance(settings, dict) or not isinstance(settings.get("gate"), dict):
-            continue
-        moved = {k: settings[k] for k in ("slo_ttft_p99_ms", "slo_itl_p99_ms") if k in settings and k not in settings["gate"]}
-        if moved:
-            kept = {k: v for k, v in settings.items() if k not in moved}
-            conn.execute(update(runs).where(runs.c.id == id_).values(settings={**kept, "gate": {**settings["gate"], **moved}}))
-
-
 # Columns named "tps" held whatever the run's objective measured (requests/s under goodput), so they
 # were renamed for what they hold; each old name stays as a read-only generated column of the new
 # one, so saved SQL (`SELECT tps, tps_ratio FROM trials`) reads what it read before.
@@ -131,7 +117,7 @@ RENAMED = {
 
 @fresh_too
 @migration
-def m005_figures_named_by_unit(conn: Connection, tables: dict) -> None:
+def m004_figures_named_by_unit(conn: Connection, tables: dict) -> None:
     """tps -> figure, tps_ratio -> search_ratio, ... (RENAMED), each old name kept as an alias
     (2026-12-06). A fresh ledger gets the aliases too."""
     stored = "STORED" if conn.dialect.name == "postgresql" else "VIRTUAL"   # SQLite adds only virtual ones
@@ -144,3 +130,17 @@ def m005_figures_named_by_unit(conn: Connection, tables: dict) -> None:
             if old not in have or new not in have:
                 conn.execute(text(f'ALTER TABLE {table} ADD COLUMN "{old}" {kind} '
                                   f'GENERATED ALWAYS AS ("{new}") {stored}'))
+
+
+@migration
+def m005_flat_slos_into_the_gate(conn: Connection, tables: dict) -> None:
+    """m003 as first shipped left `slo_ttft_p99_ms` and `slo_itl_p99_ms` of a flat row beside the gate
+    instead of in it (the run read no SLO): each moves into the gate where the gate lacks it."""
+    runs = tables["runs"]
+    for id_, settings in conn.execute(select(runs.c.id, runs.c.settings)).all():
+        if not isinstance(settings, dict) or not isinstance(settings.get("gate"), dict):
+            continue
+        moved = {k: settings[k] for k in ("slo_ttft_p99_ms", "slo_itl_p99_ms") if k in settings and k not in settings["gate"]}
+        if moved:
+            kept = {k: v for k, v in settings.items() if k not in moved}
+            conn.execute(update(runs).where(runs.c.id == id_).values(settings={**kept, "gate": {**settings["gate"], **moved}}))

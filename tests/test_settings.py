@@ -56,11 +56,11 @@ def test_slos_the_first_m003_left_beside_the_gate_are_moved_into_it(tmp_path):
                                                "workload": "smoke", "gate": {"ppl_tolerance": 0.02}})
     import sqlite3
     db = sqlite3.connect(tmp_path / "ledger.sqlite")
-    db.execute("DELETE FROM migrations WHERE name = 'm004_flat_slos_into_the_gate'")
+    db.execute("DELETE FROM migrations WHERE name = 'm005_flat_slos_into_the_gate'")
     db.commit()
     db.close()
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    assert ledger.migrated == ["m004_flat_slos_into_the_gate"]
+    assert ledger.migrated == ["m005_flat_slos_into_the_gate"]
     back = settings_of(ledger.run("r1"))
     assert back.gate == GateSettings(ppl_tolerance=0.02, slo_itl_p99_ms=100.0) and "slo_itl_p99_ms" not in \
         ledger.run("r1").settings
