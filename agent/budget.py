@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)")
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -24,11 +24,11 @@ def parse_duration(text: str) -> float:
 
 
 def deadline_after(seconds: float, now: datetime | None = None) -> datetime:
-    return (now or datetime.now(timezone.utc)) + timedelta(seconds=seconds)
+    return (now or datetime.now(UTC)) + timedelta(seconds=seconds)
 
 
 def seconds_left(deadline_iso: str, now: datetime | None = None) -> float:
-    return (datetime.fromisoformat(deadline_iso) - (now or datetime.now(timezone.utc))).total_seconds()
+    return (datetime.fromisoformat(deadline_iso) - (now or datetime.now(UTC))).total_seconds()
 
 
 # A first start compiles what later starts find cached: on the H200 241 s cold against 64-133 s
@@ -117,7 +117,7 @@ def plan_line(p: dict) -> str:
         return head
     need = p.get("need_s", p["decided_in_s"] + p["instance_s"])   # from the run's start
     if p.get("upper_bound"):
-        quicker = (f" and the candidate's goodput search needs fewer of them than the defaults' first"
+        quicker = (" and the candidate's goodput search needs fewer of them than the defaults' first"
                    if p.get("points") else "")
         return head + (f": a first decision fits only if later starts are quicker than this first one, which "
                        f"compiled what they reuse{quicker} (else a --budget of about {minutes(need)} would); going on")

@@ -11,26 +11,29 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, fields, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
 from git import GitCommandError
 from rich.console import Console
-from sqlalchemy.exc import OperationalError
-from rich.table import Table
 from rich.markup import escape
+from rich.table import Table
 from rich.text import Text
+from sqlalchemy.exc import OperationalError
 
-from agent import budget, crew, devices, gitops, hub, ledger as ledgers, paths, recovery, space as spaces
-from agent import report_text, storage as storages, study as studies, views
-from sandbox.contract import ModelError, default_model_dir, model_is_ready, prepare_model
-from agent.gate import GateSettings
-from agent.stats import Noise
+from agent import budget, crew, devices, gitops, hub, paths, recovery, report_text, views
+from agent import ledger as ledgers
+from agent import space as spaces
+from agent import storage as storages
+from agent import study as studies
 from agent.context import RunContext, Seams, Settings, settings_of, stored
+from agent.gate import GateSettings
+from agent.log import event_logger
+from agent.stats import Noise
+from sandbox.contract import ModelError, default_model_dir, model_is_ready, prepare_model
 
 G, S = GateSettings, Settings  # every default lives on these two dataclasses
-from agent.log import event_logger
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Search vLLM configurations on a real server; propose the winners as git branches.")
@@ -278,8 +281,15 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
                                                   "draft_model", "planner", "traffic", "chat_template", "multi_turn",
                                                   "quality_text"))
     from agent import traffic as traffics
-    from sandbox.contract import (TrafficError, engine_info, file_digest, hardware, load_quality, load_traffic,
-                                  load_workload)
+    from sandbox.contract import (
+        TrafficError,
+        engine_info,
+        file_digest,
+        hardware,
+        load_quality,
+        load_traffic,
+        load_workload,
+    )
 
     try:
         budget_s = budget.parse_duration(budget_text)
@@ -344,7 +354,7 @@ def _new_run(ledger: ledgers.Ledger, home: Path, budget_text: str, options: dict
         except drafts.DraftError as e:
             raise fail(str(e)) from None
         space = _space(space.path, draft_model, exact=settings["exact"])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     run_id = now.strftime("%Y%m%d-%H%M%S")
     source = None
     try:
@@ -868,7 +878,8 @@ def verify(
     Exit status 0: the claim holds (the 95% interval lies within claim +- tolerance); 1: it does not
     (the interval is clear of that band); 3: the rounds allowed could not decide."""
     from agent.engine import WorkerEngine
-    from agent.verify import HOLDS, UNDECIDED, Rounds, VerifyError, verify as run_verify
+    from agent.verify import HOLDS, UNDECIDED, Rounds, VerifyError
+    from agent.verify import verify as run_verify
 
     ledger = open_ledger()
     parts = branch.split("/")

@@ -17,12 +17,13 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
 
-from agent import states, study as studies
+from agent import states
+from agent import study as studies
 from agent.devices import Slot
 from agent.engine import reap, worker_env
 from agent.ledger import Ledger, Run, Trial, Worker, utcnow
@@ -64,7 +65,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 
@@ -93,7 +94,7 @@ class Heartbeat:
 def age_s(stamp: str, now: str | None = None) -> float:
     """Seconds since `stamp`, on the database's clock (`now`, from Ledger.now: heartbeats are written
     on it) wherever a decision rests on the age; this host's clock only for what is shown."""
-    at = datetime.fromisoformat(now) if now else datetime.now(timezone.utc)
+    at = datetime.fromisoformat(now) if now else datetime.now(UTC)
     return (at - datetime.fromisoformat(stamp)).total_seconds()
 
 

@@ -12,8 +12,8 @@ from agent.defaults import goodput_start
 from agent.gate import Baseline, GateSettings, MeasureFailed
 from agent.ledger import Trial
 from agent.recording import finish, measure, record
-from agent.stats import compare
 from agent.states import CANDIDATES, Decision, Source, Status
+from agent.stats import compare
 from sandbox.contract import ResultError, TrialResult, read_result
 
 

@@ -11,8 +11,8 @@ from agent.context import RunContext, Seams
 from agent.gate import Baseline, GateSettings, Instance
 from agent.ledger import Trial
 from agent.recording import measure, open_trial, record
-from agent.stats import compare
 from agent.states import CANDIDATES, DEFAULTS, Source, Status
+from agent.stats import compare
 from sandbox.contract import goodput_lower_bound
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift

@@ -20,7 +20,14 @@ from pathlib import Path
 import psutil
 import yaml
 
-from sandbox.contract import ResultError, TrialResult, allowed_digest, failed_result, read_result, session_members
+from sandbox.contract import (
+    ResultError,
+    TrialResult,
+    allowed_digest,
+    failed_result,
+    read_result,
+    session_members,
+)
 
 TEARDOWN_GRACE_S = 90.0
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")

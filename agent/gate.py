@@ -87,8 +87,8 @@ def _logprob(top: dict | None, token: int) -> float | None:
 def flips(ref_ids: list[list[int]], ref_tops: list | None, ids: list[list[int]]) -> list[Flip]:
     """Each prompt's first divergence from the reference path (contexts differ after it)."""
     out = []
-    for prompt, (want, got) in enumerate(zip(ref_ids, ids)):
-        position = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    for prompt, (want, got) in enumerate(zip(ref_ids, ids, strict=False)):
+        position = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
         if position is None:
             continue
         top = (ref_tops[prompt] or [None] * len(want))[position] if ref_tops and ref_tops[prompt] else None
@@ -103,8 +103,8 @@ def agreement(baseline: list[list[int]], candidate: list[list[int]]) -> float:
     if not baseline or len(baseline) != len(candidate):
         return 0.0
     shares = []
-    for want, got in zip(baseline, candidate):
-        same = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    for want, got in zip(baseline, candidate, strict=False):
+        same = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
         shares.append(same / max(len(want), 1))
     return round(sum(shares) / len(shares), 4)
 
@@ -120,10 +120,10 @@ def kl_divergence(base: list | None, cand: list | None, base_ids: list[list[int]
     if not base or not cand or len(base) != len(cand):
         return None
     total, n = 0.0, 0
-    for b_prompt, c_prompt, b_ids, c_ids in zip(base, cand, base_ids, cand_ids):
+    for b_prompt, c_prompt, b_ids, c_ids in zip(base, cand, base_ids, cand_ids, strict=False):
         if not b_prompt or not c_prompt:
             return None
-        for position, (b, c) in enumerate(zip(b_prompt, c_prompt)):
+        for position, (b, c) in enumerate(zip(b_prompt, c_prompt, strict=False)):
             if position > 0 and b_ids[position - 1] != c_ids[position - 1]:
                 break
             tokens = set(b) | set(c)

@@ -42,7 +42,7 @@ def open_repo(path: Path, create: bool = False) -> git.Repo:
     if repo.bare:
         raise RepoError(f"{path} is a bare repository")
     try:
-        repo.head.commit
+        _ = repo.head.commit   # raises where the repository has no commit yet
     except ValueError:
         raise RepoError(f"{path} has no commits to branch from") from None
     return repo

@@ -49,8 +49,12 @@ def fetch(model: str, revision: str | None = None, offline: bool = False,
           say: Callable[[str], None] = lambda s: None) -> Fetched:
     """Download `model` (a Hub id) into the Hugging Face cache, or find it there when `offline`."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     if not offline:
         say(f"fetching {model} from {endpoint()} (once; trials then run offline)")

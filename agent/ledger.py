@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from collections.abc import Collection
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
-from sqlalchemy import (JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine,
-                        event, inspect, select, text, update)
+from sqlalchemy import (
+    JSON,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    inspect,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, defer, mapped_column, relationship, sessionmaker
@@ -24,7 +38,7 @@ from agent import migrations, states
 
 
 def utcnow() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 class Base(DeclarativeBase):
@@ -64,7 +78,7 @@ class Run(Base):
     # The coordinator that last took the run up (host/pid/token): a resume swaps it only if it still
     # reads what that resume read, so of two hosts resuming at once one wins.
     owner: Mapped[str | None] = mapped_column(String)
-    trials: Mapped[list["Trial"]] = relationship(back_populates="run", order_by="Trial.number")
+    trials: Mapped[list[Trial]] = relationship(back_populates="run", order_by="Trial.number")
 
 
 class Trial(Base):
@@ -124,7 +138,7 @@ class Trial(Base):
     started_at: Mapped[str] = mapped_column(String, default=utcnow)
     finished_at: Mapped[str | None] = mapped_column(String)
     run: Mapped[Run] = relationship(back_populates="trials")
-    repeats: Mapped[list["Repeat"]] = relationship(back_populates="trial", order_by="Repeat.id")
+    repeats: Mapped[list[Repeat]] = relationship(back_populates="trial", order_by="Repeat.id")
 
     @property
     def claimed_ratio(self) -> float:
@@ -288,7 +302,7 @@ class Ledger:
             s.add(row)
         return row
 
-    def add_trial(self, row: "Trial") -> "Trial":
+    def add_trial(self, row: Trial) -> Trial:
         """Insert a trial under the run's next number. Several workers may take the same number at
         once: the (run, number) uniqueness refuses all but one, and the others take the next."""
         for _ in range(100):

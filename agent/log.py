@@ -8,11 +8,12 @@ from pathlib import Path
 import structlog
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
 from agent import objective, refusals
 from agent.budget import plan_line
 from agent.states import Decision, Status
 from sandbox.contract import goodput_lower_bound
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
 def _line(event: str, info: dict) -> str | None:

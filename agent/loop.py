@@ -15,12 +15,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from agent import budget, clock, crew, study as studies, views
+from agent import budget, clock, crew, views
+from agent import study as studies
 from agent.context import RunContext, Seams
-from agent.decision import (branch, decide_put_forward, judge_again, judge_candidate, put_forward, unbranched,
-                            unjudged)
-from agent.defaults import (baseline_from, check_drift, drift_due, engine_defaults,
-                            measure_baseline, run_defaults)
+from agent.decision import (
+    branch,
+    decide_put_forward,
+    judge_again,
+    judge_candidate,
+    put_forward,
+    unbranched,
+    unjudged,
+)
+from agent.defaults import (
+    baseline_from,
+    check_drift,
+    drift_due,
+    engine_defaults,
+    measure_baseline,
+    run_defaults,
+)
 from agent.gate import Baseline
 from agent.ledger import LearnedRule, Ledger, RangeChange, Run, Trial, Worker, utcnow
 from agent.planner import BuiltinPlanner, Planner
@@ -47,7 +61,7 @@ class Snapshot:
     left: float    # seconds to the deadline
 
     @classmethod
-    def read(cls, ctx: RunContext, ledger: Ledger) -> "Snapshot":
+    def read(cls, ctx: RunContext, ledger: Ledger) -> Snapshot:
         history = ledger.history(ctx.run.id, whole=DEFAULTS)
         return cls(history, ledger.learned_rules(ctx.run.id) if ctx.settings.preflight else [],
                    baseline_from(history, ctx.settings.gate), clock.seconds_left(ctx.run.deadline_at))

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import socket
-
 import git
 import psutil
 
-from agent import crew, decision, gitops, space as spaces, states, study as studies
+from agent import crew, decision, gitops, states
+from agent import space as spaces
+from agent import study as studies
 from agent.engine import reap, trial_processes
 from agent.ledger import Ledger, Run, Worker, utcnow
 from agent.states import Decision, Status

@@ -187,7 +187,7 @@ def render(run: RunView, trials: list[TrialView], rules: list[LearnedRule], stud
                + f"<p>Defaults: {run.baseline_figure or 0:.2f} {objective.of_run(run).unit}, noise ±{(run.noise or 0):.1%} log-sd between server "
                f"instances ({run.noise_df or 0} df), perplexity {run.baseline_ppl or 0:.4f}. "
                f"{html.escape(cal.get('aa') or '')}. Greedy rule {html.escape(str(cal.get('rule', '')))}"
-               f"{', tau %.3f nats' % cal['tau'] if 'tau' in cal else ''}.</p>"
+               f"{', tau ' + format(cal['tau'], '.3f') + ' nats' if 'tau' in cal else ''}.</p>"
                f"<p>{len(trials)} trials: {len(candidates)} candidates, {sum(1 for t in trials if t.branch)} accepted, "
                f"{sum(1 for t in trials if t.status == 'failed')} failed, {sum(1 for t in trials if t.status == 'pruned')} "
                f"pruned, {len(speed_only)} measured for speed only.</p>")

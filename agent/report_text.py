@@ -11,9 +11,9 @@ from agent import budget, objective, refusals
 from agent.gate import fmt_ms, geomean
 from agent.ledger import LearnedRule, RangeChange
 from agent.states import DEFAULTS_ON_SEARCH, Decision, Source, Status
+from agent.views import RunView, TrialView
 
 P99S = (("ttft_p99_ms", "TTFT"), ("itl_p99_ms", "ITL"))
-from agent.views import RunView, TrialView
 
 
 def claim(t: TrialView) -> str:

@@ -186,7 +186,7 @@ class Space:
             out += [f"rule broken: {r.reason}" for r in self.rules if r.broken(point)]
         return out
 
-    def narrowed(self, name: str, low: float, high: float) -> "Space":
+    def narrowed(self, name: str, low: float, high: float) -> Space:
         """The same space with one numeric knob's range cut to [low, high] (for the sampler only)."""
         knob = self.knobs.get(name)
         if knob is None or knob.type not in ("int", "float"):
@@ -195,23 +195,23 @@ class Space:
             raise SpaceError(f"narrow: [{low}, {high}] is not inside {name}'s range [{knob.low}, {knob.high}]")
         return replace(self, knobs={**self.knobs, name: replace(knob, low=low, high=high)})
 
-    def with_choices(self, name: str, extra: list) -> "Space":
+    def with_choices(self, name: str, extra: list) -> Space:
         """The same space with more choices for a categorical knob (draft models the user listed)."""
         knob = self.knobs[name]
         choices = tuple(dict.fromkeys([*knob.choices, *extra]))
         return replace(self, knobs={**self.knobs, name: replace(knob, choices=choices)},
                        hash=hashlib.sha256(f"{self.hash}{name}{choices}".encode()).hexdigest()[:16])
 
-    def with_fixed_env(self, name: str, value: str) -> "Space":
+    def with_fixed_env(self, name: str, value: str) -> Space:
         env = check_env({**self.fixed_env, name: value}, where=f"{self.path}: fixed.env")
         return replace(self, fixed_env=env, hash=hashlib.sha256(f"{self.hash}{name}={value}".encode()).hexdigest()[:16])
 
-    def with_fixed_flag(self, name: str, value: Any) -> "Space":
+    def with_fixed_flag(self, name: str, value: Any) -> Space:
         flags = check_flags({**self.fixed_flags, name: value}, where=f"{self.path}: fixed.flags")
         return replace(self, fixed_flags=flags,
                        hash=hashlib.sha256(f"{self.hash}--{name}={value}".encode()).hexdigest()[:16])
 
-    def with_knob(self, knob: Knob) -> "Space":
+    def with_knob(self, knob: Knob) -> Space:
         return replace(self, knobs={**self.knobs, knob.name: knob},
                        hash=hashlib.sha256(f"{self.hash}{knob}".encode()).hexdigest()[:16])
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from agent import crew, objective, refusals, views
 from agent.budget import minutes, plan_line
 from agent.ledger import Ledger, Run, Worker
 from agent.recovery import lock_holder
-from agent.views import RunView, TrialView
 from agent.states import Decision, Status
+from agent.views import RunView, TrialView
 
 
 def in_flight(events: Path) -> tuple[int, str, datetime] | None:
@@ -68,7 +68,7 @@ def crew_lines(workers: list[Worker], trials: list[TrialView]) -> list[str]:
 
 def describe(run: RunView, trials: list[TrialView], home: Path, now: datetime | None = None,
              workers: list[Worker] = ()) -> list[str]:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     started, deadline = datetime.fromisoformat(run.started_at), datetime.fromisoformat(run.deadline_at)
     pid = lock_holder(home) if run.status == "running" else None
     # A host that does not hold the run's lock (a worker's host, reading the shared database) knows

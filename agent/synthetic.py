@@ -63,7 +63,7 @@ def bodies(shape: Shape, model_dir: str) -> list[dict]:
     if shape.rate is not None:   # a trace: send times as `vllm bench serve --request-rate --burstiness` draws them
         from sandbox.contract import unit_times
 
-        for body, at in zip(out, unit_times(len(out), shape.burstiness, shape.seed)):
+        for body, at in zip(out, unit_times(len(out), shape.burstiness, shape.seed), strict=True):
             body["timestamp"] = round(at / shape.rate, 3)
     return out
 

@@ -24,8 +24,8 @@ import git
 from agent import hub, objective
 from agent.context import settings_of
 from agent.ledger import Ledger
-from agent.stats import compare, pooled_noise
 from agent.states import Source, Status
+from agent.stats import compare, pooled_noise
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
 # The names a branch's results.json gave its figures before they were named by unit (2026-12-06).

@@ -285,7 +285,7 @@ class Pruner:
         return self.pruned
 
     @staticmethod
-    def for_workload(below_tps: float, workload: Workload) -> "Pruner":
+    def for_workload(below_tps: float, workload: Workload) -> Pruner:
         longest = workload.longest_output()
         return Pruner(below_tps, max(3, workload.num_prompts // 8), longest, workload.concurrency)
 
@@ -331,7 +331,7 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
         start = time.perf_counter()
         times = offsets if offsets is not None else [None] * len(requests)
         results = await asyncio.wait_for(
-            asyncio.gather(*(bounded(i, r, at) for i, (r, at) in enumerate(zip(requests, times)))), timeout_s)
+            asyncio.gather(*(bounded(i, r, at) for i, (r, at) in enumerate(zip(requests, times, strict=False)))), timeout_s)
         return [r for r in results if r is not None], time.perf_counter() - start
     finally:
         await session.close()

@@ -7,19 +7,26 @@ agent needs beyond them is here: reading those files, checking flags before they
 user's traffic and meters, the host's facts, and the embedded model.
 """
 
-from sandbox.allowed import check as check_allowed, digest as allowed_digest
+from sandbox.allowed import check as check_allowed
+from sandbox.allowed import digest as allowed_digest
 from sandbox.arrivals import unit_times
 from sandbox.goodput import lower_bound as goodput_lower_bound
-from sandbox.host import engine as engine_info, gpu_memory_used_mib, gpus, hardware, visible_ids
+from sandbox.host import engine as engine_info
+from sandbox.host import gpu_memory_used_mib, gpus, hardware, visible_ids
 from sandbox.metrics import share_above
-from sandbox.model import (MIN_TRANSFORMERS, ModelError, check_transformers, default_dir as default_model_dir,
-                           is_ready as model_is_ready, prepare as prepare_model)
-from sandbox.result import Figures, Quality, ResultError, TrialResult, failed as failed_result, read as read_result
+from sandbox.model import MIN_TRANSFORMERS, ModelError, check_transformers
+from sandbox.model import default_dir as default_model_dir
+from sandbox.model import is_ready as model_is_ready
+from sandbox.model import prepare as prepare_model
+from sandbox.result import Figures, Quality, ResultError, TrialResult
+from sandbox.result import failed as failed_result
+from sandbox.result import read as read_result
 from sandbox.server import session_members
 from sandbox.spec import ENV_ALLOWLIST, FLAG_NAME, SpecError, check_env, check_flags
-from sandbox.traffic import Request, Traffic, TrafficError, load as load_traffic
-from sandbox.workload import (Quality as QualitySet, Workload, check_objective, file_digest, latency_of, load_quality,
-                              load_workload)
+from sandbox.traffic import Request, Traffic, TrafficError
+from sandbox.traffic import load as load_traffic
+from sandbox.workload import Quality as QualitySet
+from sandbox.workload import Workload, check_objective, file_digest, latency_of, load_quality, load_workload
 
 __all__ = [
     # the trial's two files

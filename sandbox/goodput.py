@@ -16,11 +16,11 @@ second, at the one rate it was given (docs/arrivals.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable
 
-if TYPE_CHECKING:   # sandbox.bench imports the workload, which imports this module
-    from sandbox.bench import BenchResult
+from sandbox.bench import BenchResult
+from sandbox.workload import Slo
 
 P99_MIN_REQUESTS = 100   # below this a point's "p99" is its worst request, and it is named so
 SUSTAIN = 3              # a point's requests must arrive over at least 3 of their median latencies
@@ -40,25 +40,16 @@ class Hopeless(Exception):
 MAX_HALVINGS = 6         # no lower than start / 64: below it a point's requests span 64 times longer
 
 
-@dataclass(frozen=True)
-class Slo:
-    ttft_p99_ms: float | None = None
-    itl_p99_ms: float | None = None   # the gap between two streamed chunks (docs/arrivals.md: not TPOT)
-    e2e_p99_ms: float | None = None
-
-    def bounds(self) -> dict[str, float]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-    def misses(self, result: BenchResult) -> list[str]:
-        """The SLOs this point broke, each with its figure; failed requests break it too."""
-        found = {"ttft_p99_ms": result.ttft_ms.get("p99"), "itl_p99_ms": result.itl_ms.get("p99"),
-                 "e2e_p99_ms": result.latency_ms.get("p99")}
-        out = [f"{result.errors} of {result.requests} requests failed"] if result.errors else []
-        for name, bound in self.bounds().items():
-            value = found[name]
-            if value is not None and value > bound:
-                out.append(f"{name} {value:g} > {bound:g}")
-        return out
+def misses(slo: Slo, result: BenchResult) -> list[str]:
+    """The SLOs this point broke, each with its figure; failed requests break it too."""
+    found = {"ttft_p99_ms": result.ttft_ms.get("p99"), "itl_p99_ms": result.itl_ms.get("p99"),
+             "e2e_p99_ms": result.latency_ms.get("p99")}
+    out = [f"{result.errors} of {result.requests} requests failed"] if result.errors else []
+    for name, bound in slo.bounds().items():
+        value = found[name]
+        if value is not None and value > bound:
+            out.append(f"{name} {value:g} > {bound:g}")
+    return out
 
 
 @dataclass
@@ -96,11 +87,11 @@ def lower_bound(found: dict | None) -> bool:
 
 def point(rate: float, result: BenchResult, slo: Slo) -> Point:
     n = result.requests - result.errors
-    return Point(rate=round(rate, 6), held=not slo.misses(result), requests=result.requests,
+    return Point(rate=round(rate, 6), held=not misses(slo, result), requests=result.requests,
                  percentile="p99" if n >= P99_MIN_REQUESTS else f"max of {n}",
                  ttft_p99_ms=result.ttft_ms.get("p99"), itl_p99_ms=result.itl_ms.get("p99"),
                  e2e_p99_ms=result.latency_ms.get("p99"), tpot_p99_ms=result.tpot_ms.get("p99"),
-                 tps=result.tps, misses=slo.misses(result))
+                 tps=result.tps, misses=misses(slo, result))
 
 
 def first_step(near: bool, max_points: int, tolerance: float) -> float:

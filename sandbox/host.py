@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from importlib import metadata
 
 import psutil
@@ -52,7 +53,7 @@ def gpu_memory_used_mib() -> list[int] | None:
 
 
 def wait_device_memory(before: list[int] | None, slack_mib: int = 512, wait_s: float = 30.0,
-                       read=gpu_memory_used_mib, sleep=__import__("time").sleep) -> str | None:
+                       read=gpu_memory_used_mib, sleep=time.sleep) -> str | None:
     """None once every GPU is back within slack of its level before the trial; else what is still held.
     The driver frees a dead process's memory a moment after it exits, hence the wait."""
     if before is None:
@@ -60,7 +61,7 @@ def wait_device_memory(before: list[int] | None, slack_mib: int = 512, wait_s: f
     waited = 0.0
     while True:
         now = read()
-        if now is None or all(n <= b + slack_mib for n, b in zip(now, before)):
+        if now is None or all(n <= b + slack_mib for n, b in zip(now, before, strict=False)):
             return None
         if waited >= wait_s:
             return f"GPU memory not released after the trial: {now} MiB in use, {before} MiB before"

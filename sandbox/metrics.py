@@ -102,7 +102,7 @@ class Sampler:
                         series.append(value)
                 try:
                     await asyncio.wait_for(stop.wait(), self.interval_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
 

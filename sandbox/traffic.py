@@ -40,8 +40,8 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Callable
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -409,7 +409,7 @@ def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
             if not all(stamped):
                 r = requests[stamped.index(False)]
                 raise TrafficError(f"{path}:{r.line}: no timestamp, though other requests of this trace have one")
-            for a, b in zip(requests, requests[1:]):
+            for a, b in zip(requests, requests[1:], strict=False):
                 if b.timestamp < a.timestamp:
                     raise TrafficError(f"{path}:{b.line}: timestamp {b.timestamp} is before line {a.line}'s "
                                        f"{a.timestamp}: a trace's requests must be in time order")

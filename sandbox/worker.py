@@ -20,17 +20,20 @@ import os
 import signal
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
-from sandbox import allowed, bench, goodput, host, metrics, quality, result as results, spec as specs
+from sandbox import allowed, bench, goodput, host, metrics, quality
+from sandbox import result as results
+from sandbox import spec as specs
 from sandbox.failures import TrialFailure, log_tail
 from sandbox.result import Figures, Quality, TrialResult
 from sandbox.server import Server
 from sandbox.workload import latency_of
+
 
 class Interrupted(BaseException):
     """SIGTERM or SIGINT reached the worker: end the trial, tear down, report."""
@@ -120,7 +123,7 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
         with deadline(budget + 30, phase):
             try:
                 result, _ = asyncio.run(_measure(server, workload, requests, budget, offsets=offsets))
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 result = bench.summarize([bench.RequestResult(ok=False, error=f"not answered within {budget:.0f} s")
                                           for _ in requests], budget, requests)
         server.fail_if_dead(phase)
@@ -147,7 +150,7 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
     # load that held, a lower bound. It can only understate this config, so a candidate keeps it
     # (core binding on 2 cores held every load 24 requests could judge); the defaults' own must not
     # be one, or candidates would be judged against too little (agent.defaults refuses it).
-    held = [m for m, p in zip(measured, found.points) if p.held and p.rate == found.bounds[0]]
+    held = [m for m, p in zip(measured, found.points, strict=False) if p.held and p.rate == found.bounds[0]]
     shown = held[0] if held else measured[0]
     return Figures(**shown.to_dict(), objective="goodput", figure=found.rate, goodput=found.as_dict(),
                    repeat_figures=[found.rate], points_tps=[m.tps for m in measured],
@@ -168,7 +171,7 @@ class TrialRun:
                 + (["--chat-template", workload.chat_template] if workload.chat_template else []))
         self.server = Server(spec.model, args, spec.env, log_path, port=port, launcher=launcher)
         self.result = TrialResult(
-            started_at_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            started_at_utc=datetime.now(UTC).isoformat(timespec="seconds"),
             model=spec.model, flags=spec.flags, env=spec.env, engine=host.engine(), hardware=host.hardware(),
             workload={"name": workload.name, "meter_version": workload.meter_version, "hash": workload.hash,
                       "prompt_split": workload.prompt_split, **workload.summary()},

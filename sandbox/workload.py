@@ -20,7 +20,6 @@ import yaml
 
 from sandbox.arrivals import Arrivals, mean_rate, stretch
 from sandbox.arrivals import parse as parse_arrivals
-from sandbox.goodput import Slo
 from sandbox.traffic import HELDOUT_SHARE, Request, Traffic, TrafficError, draw, keys_hash, seeded, shares
 from sandbox.traffic import load as load_traffic
 
@@ -46,6 +45,17 @@ LATENCIES = {"ttft": "ttft_ms", "itl": "itl_ms", "e2e": "latency_ms", "tpot": "t
 LATENCY_OBJECTIVES = tuple(f"{m}-{q}" for m in LATENCIES for q in ("p50", "p90", "p99"))
 # output tokens/s at the fixed concurrency; requests/s within the SLOs; a latency percentile
 OBJECTIVES = ("tps", "goodput", *LATENCY_OBJECTIVES)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The user's p99 latency bounds (ms), each None where not set: what goodput holds to."""
+    ttft_p99_ms: float | None = None
+    itl_p99_ms: float | None = None   # the gap between two streamed chunks (docs/arrivals.md: not TPOT)
+    e2e_p99_ms: float | None = None
+
+    def bounds(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def latency_of(objective: str) -> tuple[str, str] | None:
@@ -241,7 +251,7 @@ class Workload:
                              sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
-    def with_split(self, split: str) -> "Workload":
+    def with_split(self, split: str) -> Workload:
         return Workload(**{**asdict(self), "prompt_split": split})
 
     def as_dict(self) -> dict:

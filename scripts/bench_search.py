@@ -26,20 +26,21 @@ import argparse
 import json
 import statistics
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import gitops, paths, space as spaces  # noqa: E402
-from agent.gate import GateSettings  # noqa: E402
-from agent.stats import Noise  # noqa: E402
-from agent.ledger import Ledger, Run, Trial, as_dict  # noqa: E402
+from agent import gitops, paths  # noqa: E402
+from agent import space as spaces
 from agent.context import RunContext, Seams, Settings  # noqa: E402
 from agent.defaults import measure_baseline  # noqa: E402
+from agent.gate import GateSettings  # noqa: E402
+from agent.ledger import Ledger, Run, Trial, as_dict  # noqa: E402
 from agent.loop import run_search  # noqa: E402
 from agent.planner import BuiltinPlanner, NoPlanner  # noqa: E402
+from agent.stats import Noise  # noqa: E402
 
 ARMS = {  # name: (planner, sampler, the search features on)
     "planner+tpe": (BuiltinPlanner, "tpe", True),
@@ -54,7 +55,7 @@ SAMPLED_SHARE = {"greedy": 0.0, "sampled": 0.6}   # the challenge meter's, the r
 
 
 def new_run(ledger: Ledger, run_id: str, space, home: Path, repo, hours: float) -> Run:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return ledger.add(Run(id=run_id, deadline_at=(now + timedelta(hours=hours)).isoformat(timespec="seconds"),
                           model="bench", space_path=space.path, space_hash=space.hash, workload="bench",
                           repo=str(repo.working_dir), settings={"home": str(home)}))
@@ -93,8 +94,8 @@ def settings_for(args, arm: str, model: str, max_trials: int, space) -> Settings
 
 
 def real(args, out: Path) -> dict[str, list[list[float]]]:
-    from sandbox import model as embedded
     from agent.engine import WorkerEngine
+    from sandbox import model as embedded
 
     model = str(embedded.prepare())
     ledger, space = Ledger(out / "ledger.sqlite"), spaces.load(args.space)
@@ -131,7 +132,7 @@ def simulated(args, out: Path) -> dict[str, list[list[float]]]:
                 SimulatedEngine(seed=seed)
             at: dict = {}
 
-            def note(event, **info):   # the simulated clock when each trial's result was known
+            def note(event, at=at, engine=engine, **info):   # the simulated clock when each trial's result was known
                 if event == "result":
                     at[info["number"]] = engine.clock
             run_search(RunContext(run, s, space), Seams(ledger, engine, repo, note), f"sqlite:///{home / 'optuna.sqlite'}",
@@ -204,7 +205,7 @@ def main() -> None:
     p.add_argument("--baseline-instances", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    out = paths.home() / "bench" / f"{args.engine}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    out = paths.home() / "bench" / f"{args.engine}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     out.mkdir(parents=True)
     curves = real(args, out) if args.engine == "real" else simulated(args, out)
     print(f"\n{args.engine} engine, {args.trials} trials per arm"

@@ -19,16 +19,18 @@ import argparse
 import statistics
 import sys
 import types
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: an older checkout's agent wins
 
 import agent.loop as loop  # noqa: E402
-from agent import gitops, space as spaces  # noqa: E402
+from agent import gitops  # noqa: E402
+from agent import space as spaces
 from agent.gate import GateSettings  # noqa: E402
-from agent.stats import Noise  # noqa: E402
 from agent.ledger import Ledger, Run  # noqa: E402
+from agent.stats import Noise  # noqa: E402
+
 try:   # this checkout: one clock seam, a run context
     from agent import clock  # noqa: E402
     from agent.context import RunContext, Seams, Settings  # noqa: E402
@@ -36,10 +38,11 @@ try:   # this checkout: one clock seam, a run context
 except ImportError:   # an older checkout on PYTHONPATH (the "before" row): the loop read the time itself
     clock = None
     from agent.loop import BaselineFailed, Settings  # noqa: E402
-from agent.loop import run_search  # noqa: E402
 from sim_engine import SimulatedEngine  # noqa: E402
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+from agent.loop import run_search  # noqa: E402
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def on_clock(engine: SimulatedEngine, budget_s: float) -> None:

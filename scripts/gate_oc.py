@@ -23,12 +23,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent.gate import (GateSettings, Instance, baseline_of, check, decide, greedy_of, judge_aa,  # noqa: E402
-                        more_defaults_wanted)
-from agent.stats import Noise  # noqa: E402
 from sim_engine import SimulatedEngine  # noqa: E402
-from sandbox.result import TrialResult  # noqa: E402
+
 from agent.context import Settings  # noqa: E402
+from agent.gate import (  # noqa: E402
+    GateSettings,
+    Instance,
+    baseline_of,
+    check,
+    decide,
+    greedy_of,
+    judge_aa,
+    more_defaults_wanted,
+)
+from agent.stats import Noise  # noqa: E402
+from sandbox.result import TrialResult  # noqa: E402
 
 DEFAULTS = {"flags": {}, "env": {}}
 FAST = {"flags": {}, "env": {"GAIN": "on"}}

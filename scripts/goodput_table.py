@@ -22,7 +22,7 @@ import dataclasses
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -115,7 +115,7 @@ def main() -> int:
                                   ("slo_itl_p99_ms", args.slo_itl_p99_ms),
                                   ("slo_e2e_p99_ms", args.slo_e2e_p99_ms)) if v}
     plan["profiles"] = {k: {**v, **override} for k, v in plan["profiles"].items()}
-    out = ROOT / "runs" / "goodput-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = ROOT / "runs" / "goodput-table" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     if args.synthetic:
         from agent import synthetic

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -39,9 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from test_run_real import eager_space, quality_text  # noqa: E402   the real-run test's cheap instances
+
 from agent import recovery  # noqa: E402
 from agent.ledger import Ledger  # noqa: E402
-from test_run_real import eager_space, quality_text  # noqa: E402   the real-run test's cheap instances
+
 
 def in_flight(home: Path) -> dict:
     """What a kill now would hit: the trial whose worker process is alive (a held-out instance is its
@@ -76,7 +78,7 @@ def main() -> int:
     parser.add_argument("--max-gap", type=float, default=300.0)
     parser.add_argument("--num-prompts", type=int, default=8)
     args = parser.parse_args()
-    out = ROOT / "runs" / "kill-soak" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = ROOT / "runs" / "kill-soak" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     home = out / "home"
     home.mkdir(parents=True)
     rng = random.Random(args.seed)

@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -43,8 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from agent import stats  # noqa: E402
 from phase_table import commit, device, server_flags  # noqa: E402
+
+from agent import stats  # noqa: E402
 from sandbox import bench, host, worker  # noqa: E402
 from sandbox.failures import TrialFailure  # noqa: E402
 from sandbox.server import Server  # noqa: E402
@@ -238,7 +239,7 @@ def run(args) -> int:
     workloads = [shape_workload(s) for s in shapes]
     phases = draws(workloads)
     gpu, fixed, env = server_flags(args.model, [load_workload(s.workload) for s in shapes], args.space)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     head = {"run": stamp, "commit": commit(), "device": device(), "engine": host.engine(), "model": Path(args.model).name,
             "slo": {s.name: s.slo for s in shapes if s.slo}}
     args.out.parent.mkdir(parents=True, exist_ok=True)

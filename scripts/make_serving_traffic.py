@@ -78,6 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "sandbox" / "data" / "traffic"
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_traffic  # noqa: E402  default.jsonl's subjects, the first of these
+
 MADE_WITH = (3, 11, 7)
 CORPUS_SHA256 = "e6bdad5815fcc9a4336c1c5275f13ae67d1131df12d199af4af226ce1e36f1eb"
 N_SERVING = 5600
@@ -876,7 +877,7 @@ def serving_traffic(c: Corpus) -> list[dict]:
     quotas[0] += N_SERVING - sum(quotas)
     seen: set[str] = set()
     rows = []
-    for (name, make, _), quota, seed in zip(FAMILIES, quotas, range(100, 200)):
+    for (name, make, _), quota, seed in zip(FAMILIES, quotas, range(100, 200), strict=False):
         rng = random.Random(seed)
         made, tries = 0, 0
         while made < quota:
@@ -1009,7 +1010,7 @@ def module_documents(c: Corpus, rng: random.Random) -> list[RagDoc]:
         if total < 4000:
             continue
         target, current, current_q = _target_length(rng), [], []
-        for block, qs in zip(blocks, chunk_q):
+        for block, qs in zip(blocks, chunk_q, strict=False):
             if len(block) > 9000:
                 continue
             current.append(block)

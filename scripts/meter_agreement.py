@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from meter_vs_vllm_bench import BENCH_WRAPPER  # noqa: E402
 from phase_table import commit, device, server_flags  # noqa: E402
+
 from sandbox import bench, host, worker  # noqa: E402
 from sandbox.server import Server  # noqa: E402
 from sandbox.traffic import Request  # noqa: E402
@@ -48,7 +49,7 @@ from sandbox.workload import load_workload  # noqa: E402
 def fixed(requests: list[Request], lengths: list[int]) -> list[Request]:
     """Each request greedy, to exactly its length (ignore_eos), without stop sequences."""
     out = []
-    for r, n in zip(requests, lengths):
+    for r, n in zip(requests, lengths, strict=False):
         body = {k: v for k, v in r.body.items() if k not in ("stop", "top_p", "top_k", "seed", "max_completion_tokens")}
         out.append(replace(r, body={**body, "max_tokens": max(1, n), "temperature": 0.0, "ignore_eos": True}))
     return out
@@ -104,7 +105,7 @@ def run(args) -> int:
     count = args.requests or default.num_prompts
     workload = replace(default, concurrency=concurrency, num_prompts=count)
     gpu, flags, env = server_flags(args.model, [workload], args.space)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "docs" / "data" / "agreement" / f"{'gpu' if gpu else 'cpu'}-{stamp}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     head = {"run": stamp, "commit": commit(), "device": device(), "engine": host.engine(), "concurrency": concurrency}

@@ -59,7 +59,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -218,7 +218,7 @@ class DeferredSampler(metrics.Sampler):
                     pass
                 try:
                     await asyncio.wait_for(stop.wait(), self.interval_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         for text in texts:
             values = metrics.parse(text)
@@ -288,7 +288,7 @@ def run_vllm(server: Server, workload, jsonl: Path, out_dir: Path, tag: str, tim
         raise RuntimeError(f"vllm bench serve exited {proc.returncode}:\n{tail}")
     data = json.loads((out_dir / name).read_text())
     cpu = json.loads(cpu_file.read_text())
-    lat = [t + sum(i) for t, i in zip(data["ttfts"], data["itls"])]
+    lat = [t + sum(i) for t, i in zip(data["ttfts"], data["itls"], strict=False)]
     return {"tps": round(data["output_throughput"], 3), "tokens": data["total_output_tokens"],
             "wall_s": round(data["duration"], 3), "requests": data["num_prompts"],
             "errors": data["num_prompts"] - data["completed"],
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sampled is not None:   # every request sampled and free to stop at EOS, on both meters
         workload = replace(workload, name=f"{workload.name}+sampled" + ("+stop" if args.stop else ""),
                            temperature=args.sampled, ignore_eos=False)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "runs" / "meter-vs-bench" / stamp
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "prompts.jsonl"

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def run(args) -> int:
                              warmup_requests=2 * args.concurrency, name=f"{w.name}@c{args.concurrency}")
                      for w in workloads]
     gpu, flags, env = server_flags(args.model, workloads, args.space)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     dev = device()
     out = args.out or ROOT / "docs" / "data" / "phases" / f"{'gpu' if gpu else 'cpu'}-{stamp}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -146,7 +146,7 @@ def table(paths: list[Path]) -> str:
     for (run, dev, name, c), group in groups.items():
         group.sort(key=lambda r: r["phase"])
         tps = [r["tps"] for r in group]
-        step = max((abs(b / a - 1) for a, b in zip(tps, tps[1:]) if a), default=0.0)
+        step = max((abs(b / a - 1) for a, b in zip(tps, tps[1:], strict=False) if a), default=0.0)
         share = [r["window_s"] / r["wall_s"] for r in group if r.get("window_s")]
         mid = group[len(group) // 2]
         each = ", ".join(f"{t:,.1f}" for t in tps)

@@ -86,7 +86,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -396,7 +396,7 @@ def identity(rows: list[tuple[dict, dict]]) -> list[str]:
 
 
 def first_difference(a: str, b: str, width: int = 60) -> str:
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     lo = max(0, i - width // 2)
     return f"...{a[lo:i + width]}... vs ...{b[lo:i + width]}..."
 
@@ -544,7 +544,7 @@ def measure(args, flags_argv: list[str], env: dict[str, str], out: Path, stamp: 
                   "argv": server.argv[1:], "flags": flags_argv, "env": env,
                   "cache_root": str(args.cache_root.resolve()) if args.cache_root else None, "out": str(out.resolve()),
                   "caches": caches, "cache_before": du(caches),
-                  "started_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "started_at_utc": datetime.now(UTC).isoformat(timespec="seconds"),
                   "log": log.name, "ready_s": None, "probe_s": None, "failure": None}
         busy0 = host_busy_s()
         t0 = time.monotonic()
@@ -666,7 +666,7 @@ def main_run(argv: list[str]) -> int:
         args.cache_root.mkdir(parents=True, exist_ok=True)
         (args.cache_root / CACHE_MARK).touch()
         env = {**cache_env(args.cache_root.resolve()), **env}   # an explicit --env wins
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "runs" / "start-breakdown" / f"{stamp}-{args.label}"
     out.mkdir(parents=True, exist_ok=True)
     print(f"{args.starts} starts of {args.model} [{args.label}]: flags {' '.join(flags_argv)}; env "

@@ -23,7 +23,7 @@ import json
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ def main() -> int:
     plan = (GPU_LEVERS if args.levers else GPU) if args.gpu else CPU
     if args.workloads:
         plan["workloads"] = args.workloads.split(",")
-    out = ROOT / "runs" / "traffic-table" / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = ROOT / "runs" / "traffic-table" / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
     fixed_flags, fixed_env = plan["fixed"]
     rows, refused = [], {}

@@ -14,8 +14,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from agent import cli, crew  # noqa: E402
 from seam_engine import SeamEngine  # noqa: E402
+
+from agent import cli, crew  # noqa: E402
 
 if __name__ == "__main__":
     cli.make_engine = SeamEngine

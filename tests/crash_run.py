@@ -22,19 +22,21 @@ import os
 import signal
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent import decision, gitops, recovery, space as spaces, study as studies  # noqa: E402
-from agent.states import CANDIDATES  # noqa: E402
-from agent.ledger import Ledger, Run  # noqa: E402
-from agent.context import RunContext, Seams, Settings  # noqa: E402
-from agent.loop import run_search  # noqa: E402
 from fake_engine import FakeEngine  # noqa: E402
 
+from agent import decision, gitops, recovery  # noqa: E402
+from agent import space as spaces
+from agent import study as studies
+from agent.context import RunContext, Seams, Settings  # noqa: E402
+from agent.ledger import Ledger, Run  # noqa: E402
+from agent.loop import run_search  # noqa: E402
+from agent.states import CANDIDATES  # noqa: E402
 
 WINDOWS = ("baseline", "candidate", "heldout", "judge", "accepted", "branch", "tell")
 
@@ -103,7 +105,7 @@ def main() -> None:
     with recovery.run_lock(home):
         run = ledger.run(run_id)
         if run is None:
-            deadline = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+            deadline = datetime.now(UTC) + timedelta(seconds=seconds)
             run = ledger.add(Run(id=run_id, deadline_at=deadline.isoformat(), model="m", space_path=space.path,
                                  space_hash=space.hash, workload="smoke", repo=str(repo.working_dir),
                                  settings={"home": str(home)}))

@@ -8,9 +8,10 @@ sandbox.preflight does, so the loop's tests run with it on, as `agent run` does.
 
 import time
 
-from sandbox import allowed, result as results
-from sandbox.spec import SpecError
+from sandbox import allowed
+from sandbox import result as results
 from sandbox.result import Failure, Figures, Quality, TrialResult
+from sandbox.spec import SpecError
 from sandbox.workload import load_workload
 
 GREEDY = [[10 + i, 20 + i, 30 + i] for i in range(8)]
@@ -120,6 +121,6 @@ class FakeEngine:
                           latency_ms={"p99": 2000.0}, finish={"length": 4}, **figure(tps)),
             quality_skipped="slower" if skip_quality else None,
             quality=None if spec.get("quality") == "none" or skip_quality else
-                    Quality(ppl=ppl, greedy=[{"token_ids": g, "top_logprobs": t} for g, t in zip(greedy, TOPS)]),
+                    Quality(ppl=ppl, greedy=[{"token_ids": g, "top_logprobs": t} for g, t in zip(greedy, TOPS, strict=False)]),
             metrics={"kv_cache_usage_max": 0.1}, timings={"start_s": 0.01},
             engine={"name": "fake", "version": "0"}, hardware={"kind": "cpu"})

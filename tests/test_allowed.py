@@ -6,13 +6,15 @@ import json
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 
-from agent import drafts, space as spaces
+from agent import drafts
+from agent import space as spaces
 from sandbox import allowed
 from sandbox.spec import SpecError, check_flags
 
@@ -121,18 +123,19 @@ def test_the_real_engine_hands_its_worker_the_run_allow_list(tmp_path):
 def test_verify_refuses_a_branch_whose_flags_the_space_does_not_allow(tmp_path):
     """`agent verify` reads a branch's serving/results.json: data, checked against the run's space before
     any server starts (before, its flags went straight into a trial)."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
+
+    from fake_engine import FakeEngine
 
     from agent import gitops
     from agent.context import RunContext, Seams, Settings
     from agent.ledger import Ledger, Run
     from agent.loop import run_search
     from agent.verify import VerifyError, verify
-    from fake_engine import FakeEngine
 
     ledger, space = Ledger(tmp_path / "ledger.sqlite"), spaces.load("vllm-cpu")
     repo = gitops.open_repo(tmp_path / "p", create=True)
-    run = ledger.add(Run(id="v", deadline_at=(datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(), model="m",
+    run = ledger.add(Run(id="v", deadline_at=(datetime.now(UTC) + timedelta(hours=1)).isoformat(), model="m",
                          space_path=space.path, space_hash=space.hash, workload="smoke", repo=str(repo.working_dir),
                          settings={"home": str(tmp_path)}))
     engine = FakeEngine()

@@ -16,10 +16,10 @@ from sandbox import server as server_mod
 from sandbox import spec as specs
 from sandbox.arrivals import parse, unit_times
 from sandbox.bench import BenchResult
-from sandbox.goodput import Slo, search
+from sandbox.goodput import search
 from sandbox.traffic import Request, TrafficError
-from sandbox.workload import load_workload
 from sandbox.worker import run_trial
+from sandbox.workload import Slo, load_workload
 
 FAKE = (str(Path(__file__).with_name("fake_server.py")),)
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_open_loop_arrivals_are_the_ones_vllm_bench_serve_draws_for_that_seed(te
     assert mine == profile.offsets(40)   # reproducible from the seed alone
     theirs = vllm_send_times(40, rate, burstiness, seed)
     assert len(mine) == len(theirs) == 40
-    assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(mine, theirs)), (mine[:3], theirs[:3])
+    assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(mine, theirs, strict=False)), (mine[:3], theirs[:3])
     assert math.isclose(mine[-1], 40 / rate)   # n requests span n / rate seconds, as in vLLM
     assert parse(text.replace(f"seed={seed}", f"seed={seed + 1}") if "seed" in text else text + ",seed=9"
                  ).offsets(40) != mine
@@ -80,10 +80,10 @@ def test_open_loop_arrivals_are_the_ones_vllm_bench_serve_draws_for_that_seed(te
 def test_one_pattern_serves_every_rate_and_burstiness_spreads_the_gaps():
     profile = parse("rate:2,burstiness=0.3,seed=1")
     at2, at8 = profile.offsets(200), profile.offsets(200, rate=8)
-    assert all(math.isclose(a, 4 * b) for a, b in zip(at2, at8))   # the same arrivals, four times as fast
+    assert all(math.isclose(a, 4 * b) for a, b in zip(at2, at8, strict=False))   # the same arrivals, four times as fast
 
     def spread(times):
-        gaps = [b - a for a, b in zip([0.0, *times], times)]
+        gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
         mean = sum(gaps) / len(gaps)
         return (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
 
@@ -97,10 +97,10 @@ def test_a_trace_lends_its_timing_window_by_window_at_its_pace_scaled_or_rescale
     assert parse("trace:0.5").offsets(3, trace=trace) == [0.0, 0.25, 1.5]
     # At a given rate every point replays the first stretch, rescaled: 3 requests at 1 a second span 2 s.
     at_one = parse("trace").offsets(3, rate=1.0, window=5, trace=trace)
-    assert len(at_one) == 3 and all(math.isclose(a, b) for a, b in zip(at_one, [0.0, 2 / 6, 2.0]))
+    assert len(at_one) == 3 and all(math.isclose(a, b) for a, b in zip(at_one, [0.0, 2 / 6, 2.0], strict=False))
     # Past its end the trace repeats, one mean gap (11.5 / 5) after its last request.
     wrapped = parse("trace").offsets(4, window=1, trace=trace)
-    assert all(math.isclose(a, b) for a, b in zip(wrapped, [0.0, 0.5, 0.5 + 2.3, 0.5 + 2.3 + 0.5]))
+    assert all(math.isclose(a, b) for a, b in zip(wrapped, [0.0, 0.5, 0.5 + 2.3, 0.5 + 2.3 + 0.5], strict=False))
     assert parse("concurrency").offsets(3, trace=trace) is None
     for bad in (None, [5.0], [3.0, 3.0, 3.0]):
         with pytest.raises(TrafficError, match="two or more distinct timestamps"):
@@ -360,7 +360,8 @@ def test_a_candidate_whose_goodput_cannot_reach_the_bar_is_pruned_where_a_load_b
 
 
 def test_the_defaults_goodput_as_a_lower_bound_ends_the_run_with_what_to_change(tmp_path):
-    from agent import budget, space as spaces
+    from agent import budget
+    from agent import space as spaces
     from agent.context import RunContext, Seams, Settings
     from agent.defaults import BaselineFailed, run_defaults
     from agent.ledger import Ledger, Run
@@ -429,8 +430,9 @@ def test_open_loop_latency_counts_from_arrival_so_a_wait_for_a_free_slot_is_seen
     import subprocess
     import sys
 
-    from sandbox import bench
     from test_traffic import wait_up
+
+    from sandbox import bench
 
     port = 18640
     proc = subprocess.Popen([sys.executable, FAKE[0], "--model", "m", "--host", "127.0.0.1", "--port", str(port)],
@@ -484,7 +486,9 @@ def test_a_point_that_held_only_as_a_burst_stops_the_search_naming_the_requests_
     assert found.rate == 0 and found.bounds == (0.0, None) and len(found.points) == 1
     assert re.search(r"4 requests arrived over 4.0 s, less than 3 of their median latencies \(10.0 s\): a burst, not "
                      r"a load; measure about 60 or more", found.burst)
-    slow = lambda rate: BenchResult(**{**figures(100.0, requests=4).__dict__, "latency_ms": {"p50": 100.0}})
+    def slow(rate):
+        return BenchResult(**{**figures(100.0, requests=4).__dict__, "latency_ms": {"p50": 100.0}})
+
     assert search(slow, Slo(ttft_p99_ms=200), start=1.0, max_points=3).points[0].held   # 4 s of arrivals, 0.1 s each
 
 

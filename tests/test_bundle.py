@@ -80,9 +80,9 @@ def test_the_h200_image_gets_what_its_own_packages_do_not_satisfy(tmp_path):
     resolved for vLLM 0.26.0's wheel platform: its torch is kept, and the setuptools vLLM needs there
     (`<81; python_version > "3.11"`, the image has 81.0.0) is bundled. Resolution only (the wheels are
     1.2 GB); the install from such a bundle is the test below, on this host's own Python."""
-    from agent.bundle import BUILD, Target, project_wheel, read_freeze, resolve
-
     from packaging.specifiers import SpecifierSet
+
+    from agent.bundle import BUILD, Target, project_wheel, read_freeze, resolve
 
     installed = read_freeze(ROOT / "tests" / "data" / "h200-pip-freeze.txt")
     target = Target(python="3.12", platform="manylinux_2_39_x86_64", engine="vllm", installed=installed)

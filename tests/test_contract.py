@@ -51,3 +51,40 @@ def test_the_harness_never_imports_the_agent():
              for line, module in [(node.lineno, node.module if isinstance(node, ast.ImportFrom) else node.names[0].name)]
              if (module or "").split(".")[0] == "agent"]
     assert wrong == []
+
+
+def imports_within(package: str) -> dict[str, set[str]]:
+    """Each module of a package and the modules of that package it imports anywhere: at the top, in a
+    function, under `if TYPE_CHECKING`."""
+    graph = {}
+    for p in (ROOT / package).glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == package:
+                deps |= {f"{package}.{a.name}" for a in node.names} if node.module == package else {node.module}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.split(".")[0] == package}
+        graph[f"{package}.{p.stem}"] = deps - {f"{package}.{p.stem}"}
+    return graph
+
+
+def a_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for other in sorted(graph.get(module, ())):
+            if state.get(other) == 1:
+                return path[path.index(other):] + [module, other] if other in path else [module, other]
+            if not state.get(other) and (found := visit(other, path + [module])):
+                return found
+        state[module] = 2
+        return None
+
+    return next((c for m in sorted(graph) if not state.get(m) and (c := visit(m, []))), None)
+
+
+def test_no_module_imports_itself_round_a_circle():
+    assert a_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None   # the check finds one
+    assert a_circle(imports_within("sandbox")) is None
+    assert a_circle(imports_within("agent")) is None

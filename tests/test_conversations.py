@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_traffic import FAKE, wait_up
 
 from sandbox import bench
 from sandbox.traffic import TrafficError, load
-from test_traffic import FAKE, wait_up
 
 words = lambda text: len(text.split())   # noqa: E731  a tokenizer for the tests: one token a word
 

@@ -4,7 +4,7 @@ paths (no pid to look at, no local processes to end) run with a second hostname.
 
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -59,7 +59,7 @@ def test_the_claim_a_resume_makes_on_a_silent_coordinators_heartbeat_has_one_win
     ledger = Ledger(tmp_path / "ledger.sqlite")
     assert subprocess.run([sys.executable, str(HERE / "crash_run.py"), str(tmp_path), "s", "4"],
                           capture_output=True, timeout=120).returncode == 0
-    old = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat(timespec="seconds")
+    old = (datetime.now(UTC) - timedelta(hours=1)).isoformat(timespec="seconds")
     gone = ledger.add(Worker(run_id="s", name="host-b/0", host="host-b", pid=1, slot=0, device="cpu",
                              role="coordinator", heartbeat_at=old))
     assert crew.coordinator(ledger.workers("s"), ledger.now()) is None

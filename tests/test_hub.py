@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import pytest
+from fake_hub import SHA, FakeHub
 
 from agent import hub, proposal
 from agent.ledger import Run, Trial
-from fake_hub import SHA, FakeHub
 from sandbox.failures import classify_log
 
 

@@ -6,13 +6,13 @@ lifecycle's moves, the database's clock, JSON columns, the bulk columns read on 
 import re
 
 import pytest
+from at_once import at_once
 from sqlalchemy.exc import InvalidRequestError
 from sqlalchemy.orm.exc import DetachedInstanceError
 
 from agent import migrations, storage
 from agent.ledger import Ledger, Run, Trial, Worker
 from agent.states import BadMove
-from at_once import at_once
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

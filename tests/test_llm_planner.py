@@ -7,12 +7,13 @@ the space; an unreachable endpoint hands the run to the built-in planner.
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from fake_llm import FakeLLM
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent import space as spaces
 from agent.ledger import Run, Trial
 from agent.llm_planner import Call, FallbackPlanner, LLMPlanner, PlannerUnavailable, parse, parse_plan
-from fake_llm import FakeLLM
 from sandbox import spec as specs
 
 SPACE = spaces.load("vllm-cpu")
@@ -258,7 +259,7 @@ def test_a_thousand_fuzzed_replies_reach_argv_only_in_each_knobs_own_type(name, 
         study.tell(trial, 1.0)
         flags, env = space.to_flags_env(point)
         argv = specs.argv_of(flags)
-        for knob_name, value in point.items():
+        for knob_name in point:
             knob = space.knobs[knob_name]
             if knob.target == "env":
                 assert env[knob_name] in {str(c).replace("{last_cpu}", env[knob_name].split("-")[-1])

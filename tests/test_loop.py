@@ -1,19 +1,20 @@
 """The loop end to end with a deterministic engine at the worker seam: real Optuna, SQLite, git."""
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import optuna
 import pytest
 import yaml
+from fake_engine import FakeEngine
 
-from agent import budget, gitops, space as spaces
-from agent.gate import GateSettings
-from agent.ledger import Ledger, Run
+from agent import budget, gitops
+from agent import space as spaces
 from agent.context import RunContext, Seams, Settings
 from agent.defaults import BaselineFailed
+from agent.gate import GateSettings
+from agent.ledger import Ledger, Run
 from agent.loop import run_search
-from fake_engine import FakeEngine
 from sandbox.result import failed
 
 
@@ -24,7 +25,7 @@ def night(tmp_path_factory):
     ledger = Ledger(tmp_path / "ledger.sqlite")
     repo = gitops.open_repo(tmp_path / "proposals", create=True)
     space = spaces.load("vllm-cpu", cpu_flags={"avx512f"})   # a host where fp8 KV caches run: every choice
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     run = ledger.add(Run(id="r1", deadline_at=budget.deadline_after(12, now).isoformat(), model="m",
                          space_path=space.path, space_hash=space.hash, workload="smoke", repo=str(repo.working_dir),
                          settings={"home": str(tmp_path)}))
@@ -347,7 +348,7 @@ def _run(tmp_path, run_id, engine, settings, planner=None, ledger=None, hours=1)
     ledger = ledger or Ledger(tmp_path / "ledger.sqlite")
     space = spaces.load("vllm-cpu")
     run = ledger.run(run_id) or ledger.add(Run(
-        id=run_id, deadline_at=(datetime.now(timezone.utc) + timedelta(hours=hours)).isoformat(), model="m",
+        id=run_id, deadline_at=(datetime.now(UTC) + timedelta(hours=hours)).isoformat(), model="m",
         space_path=space.path, space_hash=space.hash, workload="smoke", repo="", settings={"home": str(tmp_path)}))
     repo = gitops.open_repo(tmp_path / "p", create=True)
     return ledger, run_search(RunContext(run, settings, space), Seams(ledger, engine, repo),
@@ -625,7 +626,7 @@ def test_more_instances_of_the_defaults_stop_at_their_share_of_the_budget(spent,
     from agent.defaults import no_more_defaults
     from agent.ledger import Trial
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     run = Run(id="r", started_at=(now - timedelta(seconds=spent)).isoformat(),
               deadline_at=(now + timedelta(seconds=whole - spent)).isoformat())
     aa = Trial(timings={"start_s": 30, "warmup_s": 10, "benchmark_s": 60, "heldout_s": 30, "quality_s": 15,
@@ -728,7 +729,7 @@ def test_a_planners_range_outside_its_knob_is_refused_said_and_never_applied(tmp
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
     space = spaces.load("vllm-cpu")
-    run = ledger.add(Run(id="n", deadline_at=(datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(), model="m",
+    run = ledger.add(Run(id="n", deadline_at=(datetime.now(UTC) + timedelta(hours=1)).isoformat(), model="m",
                          space_path=space.path, space_hash=space.hash, workload="smoke", repo="",
                          settings={"home": str(tmp_path)}))
     events = []

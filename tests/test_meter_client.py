@@ -14,9 +14,10 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from test_traffic import FAKE, wait_up
+
 from sandbox import bench
 from sandbox.traffic import load
-from test_traffic import FAKE, wait_up
 
 
 def free_port() -> int:

@@ -12,15 +12,14 @@ import os
 import subprocess
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
+from test_meter_client import free_port
+from test_traffic import FAKE, wait_up
 
 from sandbox import bench
 from sandbox.traffic import Request, TrafficError
 from sandbox.workload import load_workload, sampling_path
-from test_meter_client import free_port
-from test_traffic import FAKE, wait_up
 
 
 def answered(sent: float, first: float, gap: float, tokens: int) -> bench.RequestResult:

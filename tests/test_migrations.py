@@ -3,9 +3,9 @@ its schema (tests/data/ledgers, from scripts/ledger_fixtures.py): each opens und
 what it lacks once, and reads as today's runs do."""
 
 import json
-from dataclasses import fields, replace
 import shutil
 import sqlite3
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -13,8 +13,8 @@ import pytest
 from agent import migrations, report_text
 from agent.context import Settings, settings_of
 from agent.gate import GateSettings
-from agent.stats import Noise
 from agent.ledger import Base, Ledger
+from agent.stats import Noise
 
 FIXTURES = sorted((Path(__file__).parent / "data" / "ledgers").glob("*.sqlite"))
 NAMES = [fn.__name__ for fn in migrations.MIGRATIONS]

@@ -12,14 +12,15 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import optuna
 import pytest
 from typer.testing import CliRunner
 
-from agent import gitops, recovery, study as studies
+from agent import gitops, recovery
+from agent import study as studies
 from agent.ledger import Ledger, Run, Trial, Worker
 from sandbox.result import failed
 
@@ -67,7 +68,7 @@ def test_sigkill_in_every_window_of_a_seeded_schedule_then_resume_ends_on_the_de
         outputs.append(out)
     # Every kill hit its window, in the schedule's order, and each resume repaired what that window left.
     assert (tmp_path / "kills.txt").read_text().split() == [w for w, _ in schedule]
-    for (window, _), resumed in zip(schedule, outputs[1:]):
+    for (window, _), resumed in zip(schedule, outputs[1:], strict=False):
         assert REPAIRED[window] in resumed, (window, resumed[-2000:])
     ledger = Ledger(tmp_path / "ledger.sqlite")
     run = ledger.run("crash")
@@ -198,10 +199,11 @@ def test_a_study_lost_or_told_otherwise_is_rebuilt_from_the_ledger_and_the_run_g
     """The ledger is the record and the study is derived from it: a study deleted, or one whose
     values were changed behind the agent's back, is made again from the ledger by the repair, under
     the same numbers, with the values and constraints the rows say; the resumed search goes on."""
+    from fake_engine import FakeEngine
+
     from agent import space as spaces
     from agent.context import RunContext, Seams, Settings
     from agent.loop import run_search
-    from fake_engine import FakeEngine
 
     ledger, space = Ledger(tmp_path / "l.sqlite"), spaces.load("vllm-cpu")
     storage, repo = f"sqlite:///{tmp_path / 'o.sqlite'}", gitops.open_repo(tmp_path / "p", create=True)
@@ -248,7 +250,8 @@ def test_a_worker_stopped_between_its_record_and_its_tell_tells_optuna_what_the_
     as the loop tells a twin it measured itself. Before, the study was loaded without the run's
     sampler: TPE got no constraint and ranked the trial below every other (Optuna: "does not have
     constraint values"), and a pruned one had no intermediate value."""
-    from agent import cli, study as studies
+    from agent import cli
+    from agent import study as studies
 
     storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
     monkeypatch.setattr(cli, "_storage", lambda: storage)
@@ -436,19 +439,18 @@ def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent
     """The disk fills at the gate's first verdict (window 1: the candidate's figures written, its verdict
     not), or some writes later; after space is freed the resume judges what was cut and ends with
     no disagreement (agent doctor's check) and every candidate decided."""
-    from datetime import timezone
 
+    from fake_engine import FakeEngine
     from sqlalchemy.exc import OperationalError
 
     from agent import space as spaces
     from agent.context import RunContext, Seams, Settings
     from agent.loop import run_search
-    from fake_engine import FakeEngine
 
     space = spaces.load("vllm-cpu")
     settings = Settings(model="m", workload="smoke", facts={"cpus": 2, "concurrency": 1})
     probe = DiskFullLedger(tmp_path / "probe.sqlite", n=10**6)   # where the gate's first write falls
-    probe_run = probe.add(Run(id="d", deadline_at=(datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat(),
+    probe_run = probe.add(Run(id="d", deadline_at=(datetime.now(UTC) + timedelta(seconds=3)).isoformat(),
                               model="m", space_path=space.path, space_hash=space.hash, workload="smoke",
                               repo="", settings={"home": str(tmp_path / "probe")}))
     run_search(RunContext(probe_run, settings, space), Seams(probe, FakeEngine(), gitops.open_repo(
@@ -457,7 +459,7 @@ def test_a_full_disk_stops_the_run_and_a_resume_after_freeing_it_ends_consistent
     repo = gitops.open_repo(tmp_path / "p", create=True)
     storage = f"sqlite:///{tmp_path / 'o.sqlite'}"
     full = DiskFullLedger(tmp_path / "ledger.sqlite", n=n)
-    deadline = (datetime.now(timezone.utc) + timedelta(seconds=6)).isoformat()
+    deadline = (datetime.now(UTC) + timedelta(seconds=6)).isoformat()
     run = full.add(Run(id="d", deadline_at=deadline, model="m", space_path=space.path, space_hash=space.hash,
                        workload="smoke", repo=str(repo.working_dir), settings={"home": str(tmp_path)}))
     with pytest.raises(OperationalError, match="disk is full"):
@@ -494,14 +496,13 @@ class DirtyAfter(__import__("fake_engine").FakeEngine):
 
 
 def test_a_trial_that_leaves_the_machine_dirty_stops_the_run_instead_of_blaming_the_next(tmp_path):
-    from datetime import timezone
 
     from agent import space as spaces
     from agent.context import RunContext, Seams, Settings
     from agent.loop import DirtyMachine, run_search
 
     ledger, space = Ledger(tmp_path / "l.sqlite"), spaces.load("vllm-cpu")
-    deadline = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    deadline = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     run = ledger.add(Run(id="x", deadline_at=deadline, model="m", space_path=space.path, space_hash=space.hash,
                          workload="smoke", repo="", settings={"home": str(tmp_path)}))
     with pytest.raises(DirtyMachine, match="GPU memory not released"):

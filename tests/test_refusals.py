@@ -6,17 +6,18 @@ classes raise (so the pre-flight catches it, like async scheduling with plain ng
 one only engine initialisation raises (like FlashInfer with sliding-window layers on SM90).
 """
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
+from fake_engine import FakeEngine, refused_at_preflight
 
-from agent import budget, gitops, refusals, space as spaces
+from agent import budget, gitops, refusals
+from agent import space as spaces
+from agent.context import RunContext, Seams, Settings
 from agent.gate import GateSettings
 from agent.ledger import LearnedRule, Ledger, Run
-from agent.context import RunContext, Seams, Settings
 from agent.loop import run_search
 from agent.screening import facts_for
-from fake_engine import FakeEngine, refused_at_preflight
 from sandbox.result import failed
 
 START_REFUSAL = "NotImplementedError: CPU_ATTN with prefix caching needs a block size of 64 or more, got 32"
@@ -50,7 +51,7 @@ def night(tmp_path_factory):
     space = spaces.load("vllm-cpu", cpu_flags={"avx512f"})
     # A count of trials, not a clock, ends this night: seeded random draws then meet both refusals on a
     # loaded machine as on an idle one (a 10 s deadline drew no init-only refusal once in CI).
-    run = ledger.add(Run(id="r1", deadline_at=budget.deadline_after(600, datetime.now(timezone.utc)).isoformat(),
+    run = ledger.add(Run(id="r1", deadline_at=budget.deadline_after(600, datetime.now(UTC)).isoformat(),
                          model="m", space_path=space.path, space_hash=space.hash, workload="smoke",
                          repo=str(repo.working_dir), settings={"home": str(tmp)}))
     engine, events = RefusingEngine(), []

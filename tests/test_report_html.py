@@ -5,10 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser import CHROMIUM, open_page
 from typer.testing import CliRunner
 
 from agent.report_html import SECTIONS, pareto
-from browser import CHROMIUM, open_page
 
 HERE = Path(__file__).parent
 

@@ -158,8 +158,10 @@ def test_accepted_branches_hold_the_config_that_was_measured(real_run):
     for t in ledger.trials():
         if not t.branch:
             continue
-        show = lambda path: subprocess.run(["git", "-C", str(home / "proposals"), "show", f"{t.branch}:{path}"],
-                                           capture_output=True, text=True, check=True).stdout
+        def show(path, branch=t.branch):
+            return subprocess.run(["git", "-C", str(home / "proposals"), "show", f"{branch}:{path}"],
+                                  capture_output=True, text=True, check=True).stdout
+
         assert yaml.safe_load(show("serving/config.yaml")) == t.flags
         assert show("serving/chat-template.jinja") == TEMPLATE.read_text()   # what it was served with
         results = json.loads(show("serving/results.json"))
@@ -188,8 +190,9 @@ def test_cli_reads_back_the_real_run(real_run):
 
 
 def test_the_html_report_of_the_real_run_loads_in_a_browser_with_every_section(real_run, tmp_path):
-    from agent.report_html import SECTIONS
     from browser import CHROMIUM, open_page
+
+    from agent.report_html import SECTIONS
 
     home = real_run.home
     page = tmp_path / "report.html"
@@ -230,14 +233,16 @@ def test_the_users_chat_traffic_is_served_through_the_chat_endpoint_and_kept_pri
         assert len(greedy) == 8 and all(len(g["token_ids"]) >= 1 for g in greedy)
         assert all(len(g["id"]) == 16 and g["text"] == "" for g in greedy)
         for g in greedy:   # the chat endpoint's logprobs, read into the same top-k by token id
-            assert g["top_logprobs"] and all(str(t) in top for t, top in zip(g["token_ids"], g["top_logprobs"]))
+            assert g["top_logprobs"] and all(str(t) in top for t, top in zip(g["token_ids"], g["top_logprobs"], strict=False))
     # The two baseline instances (the defaults) reproduce the greedy outputs of the same requests.
     first, second = (json.loads((home / run.id / f"trial-00{n}" / "result.json").read_text())["quality"]["greedy"]
                      for n in (1, 2))
     assert [(g["id"], g["token_ids"]) for g in first] == [(g["id"], g["token_ids"]) for g in second]
     prompts = [json.loads(line)["messages"][0]["content"] for line in TRAFFIC.read_text().splitlines()]
-    git = lambda *a: subprocess.run(["git", "-C", str(home / "proposals"), *a], capture_output=True,
-                                    text=True, check=True).stdout
+    def git(*a):
+        return subprocess.run(["git", "-C", str(home / "proposals"), *a], capture_output=True, text=True,
+                              check=True).stdout
+
     shown = git("log", "--all", "-p", "--format=%B") if (home / "proposals").exists() else ""
     assert not [p for p in prompts if p in shown]
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+from postgres import PASSWORD
 
 from agent import storage as storages
 from agent.ledger import Ledger
-from postgres import PASSWORD
 
 ROOT = Path(__file__).resolve().parents[1]
 # `agent` with the deterministic engine at its engine seam (a test-only executable; its workers run it too).

@@ -33,7 +33,7 @@ def test_a_run_row_written_before_the_settings_were_stored_as_used_is_read_with_
            "ppl_tolerance": 0.02, "slo_itl_p99_ms": 100.0, "exact": True, "noise_prior": [0.07, 4], "repeats": 3,
            "one_knob_start": True, "planner": "builtin", "workers": 1}
     _run(Ledger(tmp_path / "ledger.sqlite"), old)
-    import sqlite3   # a ledger from before the rewrite: its migrations table lacks it, so opening applies it
+    import sqlite3  # a ledger from before the rewrite: its migrations table lacks it, so opening applies it
     db = sqlite3.connect(tmp_path / "ledger.sqlite")
     db.execute("DELETE FROM migrations WHERE name = 'm003_settings_as_used'")
     db.commit()

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -57,13 +58,13 @@ def test_status_without_a_run_says_so(tmp_path):
 def test_status_on_a_workers_host_reads_the_coordinators_heartbeat(tmp_path):
     """A host that joined a run holds no run lock: the run is going while its coordinator's heartbeat
     is fresh, and each worker's device, state and trials are listed."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from agent import crew
     from agent.ledger import Run, Trial, Worker
     from agent.status import describe
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     iso = lambda t: t.isoformat(timespec="seconds")  # noqa: E731
     run = Run(id="r1", started_at=iso(now - timedelta(minutes=30)), deadline_at=iso(now + timedelta(hours=2)),
               status="running", model="/models/m", baseline_figure=100.0, noise=0.04, calibration={})

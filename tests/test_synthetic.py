@@ -93,7 +93,7 @@ def test_with_a_rate_the_file_is_a_trace_with_vllms_gamma_send_times(embedded_mo
     times = [r["timestamp"] for r in rows]
     assert times == [round(t / 4.0, 3) for t in unit_times(200, 0.5, 3)] and times == sorted(times)
     assert 3.9 < mean_rate(times) < 4.2
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     spread = (sum((g - 0.25) ** 2 for g in gaps) / len(gaps)) ** 0.5 / 0.25
     assert spread > 1.2   # burstiness 0.5: gaps spread about sqrt(2) times a Poisson process's
     loaded = load(out)

