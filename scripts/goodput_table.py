@@ -40,7 +40,7 @@ from sandbox.workload import DATA, load_workload  # noqa: E402
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 TRAFFIC = str(DATA / "traffic" / "default.jsonl")
 # SLOs that bind on 2 cores: with TTFT 3 s and ITL 500 ms the defaults held until their 24 requests
-# a point arrived as a burst (docs/results.md); at 300 ms and 100 ms they broke near 0.4 requests/s.
+# a point arrived as a burst (docs/history.md); at 300 ms and 100 ms they broke near 0.4 requests/s.
 CPU_SLOS = {"slo_ttft_p99_ms": 300.0, "slo_itl_p99_ms": 100.0}
 CPU = {
     "fixed": ({"max-model-len": 768}, {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_USE_AOT_COMPILE": "0"}),

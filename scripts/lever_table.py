@@ -1,5 +1,5 @@
 """Which levers bind where: each lever alone against the defaults, on fresh server instances, for
-several traffic shapes served one after another by each instance (docs/results.md, "Levers on a GPU").
+several traffic shapes served one after another by each instance (docs/history.md, "Levers on a GPU").
 
     python3 scripts/lever_table.py run --budget-s 1200 --out /tmp/res/levers.jsonl --raw /tmp/res/raw
     python3 scripts/lever_table.py run --shape serving-c32 --lever defaults --lever max-num-seqs-8 --instances 1

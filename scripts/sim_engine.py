@@ -156,7 +156,7 @@ class SimulatedEngine:
             timings=timings, engine={"name": "simulated", "version": "0"}, hardware={"kind": "cpu"})
 
 
-# The H200's one-stream figures (docs/results.md, 2026-12-03): ratios to the defaults on the
+# The H200's one-stream figures (docs/history.md, 2026-12-03): ratios to the defaults on the
 # realistic default (sampled, ending at stop strings) and on the challenge meter (greedy, fixed
 # length), each measured on fresh vLLM 0.26 servers. Speculation's gain is the traffic's: ngram_gpu
 # k=4/8/16 is 1.23-1.54x/1.81x/1.46x greedy and 0.45x/0.56x/0.55x sampled; CPU-side ngram turns
@@ -164,7 +164,7 @@ class SimulatedEngine:
 H200 = {"async-off": (0.917, 0.880), "full-decode-only": (0.904, 0.954), "triton-attn": (0.883, 0.898),
         "eager": (0.08, 0.08)}   # eager: one sampler point (eager, fp8 cache) pruned at 0.08x on the H200
 H200_SPEC = {"greedy": {4: 1.40, 8: 1.81, 16: 1.46}, "sampled": {4: 0.453, 8: 0.564, 16: 0.55}}
-# The defaults' answers' repeat share on the H200 (docs/results.md, 2026-12-04), which the built-in
+# The defaults' answers' repeat share on the H200 (docs/history.md, 2026-12-04), which the built-in
 # planner reads before it proposes speculation: challenge-short's and the realistic default's.
 H200_REPEAT_SHARE = {"greedy": 0.868, "sampled": 0.433}
 GPU_START_REFUSAL = "NotImplementedError: FlashInfer backend on SM90 currently crashes with sliding-window attention layers"

