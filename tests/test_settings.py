@@ -15,6 +15,17 @@ def _run(ledger: Ledger, settings: dict) -> Run:
     return ledger.run("r1")   # read back from the SQLite file, JSON and all
 
 
+def _reopened_before(path: Path, migration: str) -> Ledger:
+    """The ledger as one written before `migration` is opened: its record of it dropped, so opening applies it."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    db.execute("DELETE FROM migrations WHERE name = ?", (migration,))
+    db.commit()
+    db.close()
+    return Ledger(path)
+
+
 def test_the_settings_dataclass_goes_into_the_run_row_and_comes_back_equal(tmp_path):
     used = Settings(model="m", workload={"name": "mine", "num_prompts": 7}, quality="quick", quality_text="t.txt",
                     gate=GateSettings(ppl_tolerance=0.02, min_gain=0.05, slo_ttft_p99_ms=300.0, max_instances=9,
@@ -33,12 +44,7 @@ def test_a_run_row_written_before_the_settings_were_stored_as_used_is_read_with_
            "ppl_tolerance": 0.02, "slo_itl_p99_ms": 100.0, "exact": True, "noise_prior": [0.07, 4], "repeats": 3,
            "one_knob_start": True, "planner": "builtin", "workers": 1}
     _run(Ledger(tmp_path / "ledger.sqlite"), old)
-    import sqlite3  # a ledger from before the rewrite: its migrations table lacks it, so opening applies it
-    db = sqlite3.connect(tmp_path / "ledger.sqlite")
-    db.execute("DELETE FROM migrations WHERE name = 'm003_settings_as_used'")
-    db.commit()
-    db.close()
-    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger = _reopened_before(tmp_path / "ledger.sqlite", "m003_settings_as_used")
     assert ledger.migrated == ["m003_settings_as_used"]
     back = settings_of(ledger.run("r1"))
     assert back.workload == {"name": "mine"} and back.quality == "quick" and back.repeats == 3
@@ -54,12 +60,7 @@ def test_slos_the_first_m003_left_beside_the_gate_are_moved_into_it(tmp_path):
     slo_itl_p99_ms; the first m003 left them beside the gate, where no run reads them."""
     _run(Ledger(tmp_path / "ledger.sqlite"), {"home": str(tmp_path), "slo_itl_p99_ms": 100.0, "model": "m",
                                                "workload": "smoke", "gate": {"ppl_tolerance": 0.02}})
-    import sqlite3
-    db = sqlite3.connect(tmp_path / "ledger.sqlite")
-    db.execute("DELETE FROM migrations WHERE name = 'm005_flat_slos_into_the_gate'")
-    db.commit()
-    db.close()
-    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger = _reopened_before(tmp_path / "ledger.sqlite", "m005_flat_slos_into_the_gate")
     assert ledger.migrated == ["m005_flat_slos_into_the_gate"]
     back = settings_of(ledger.run("r1"))
     assert back.gate == GateSettings(ppl_tolerance=0.02, slo_itl_p99_ms=100.0) and "slo_itl_p99_ms" not in \
