@@ -24,13 +24,14 @@ import git
 from agent import hub, objective
 from agent.context import settings_of
 from agent.ledger import Ledger
+from agent.migrations import RENAMED
 from agent.states import Source, Status
 from agent.stats import compare, pooled_noise
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
-# The names a branch's results.json gave its figures before they were named by unit (2026-12-06).
-OLD_NAMES = {"tps": "figure", "tps_ratio": "search_ratio", "baseline_tps": "baseline_figure",
-             "tps_corrected": "figure_corrected", "heldout_tps": "heldout_figure", "tps_repeats": "repeat_figures"}
+# The names a branch's results.json gave its figures before they were named by unit: the ledger's
+# columns' old names (agent.migrations.RENAMED), and its repeats' list.
+OLD_NAMES = {**RENAMED["trials"], **RENAMED["runs"], "tps_repeats": "repeat_figures"}
 
 
 class VerifyError(ValueError):
