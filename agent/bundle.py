@@ -208,3 +208,10 @@ def build(out: Path, target: Target, say=lambda s: None) -> dict:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (out / "SHA256SUMS").write_text("".join(f"{w['sha256']}  {w['file']}\n" for w in wheels))
     return manifest
+
+
+def described(manifest: dict) -> str:
+    """How many wheels, how large, how many left out as present on the target."""
+    size = sum(w["size"] for w in manifest["wheels"]) / 2**20
+    return (f"{len(manifest['wheels'])} wheels, {size:.0f} MiB, {len(manifest['left_out'])} left out as present "
+            f"on the target")

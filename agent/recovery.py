@@ -249,3 +249,20 @@ def stray_servers(run_dir: Path) -> list[str]:
     marker) still alive."""
     return [f"process {p.pid} of {progress.parent.name} is still running"
             for progress in sorted(run_dir.glob("trial-*/progress.json")) for p in trial_processes(progress)]
+
+
+def checkup(ledger: Ledger, run: Run, storage: str, home: Path) -> tuple[list[str], int]:
+    """`agent doctor` on one run: the lines to print, and how many problems they name. That the ledger,
+    the study and the branches agree, and, when no run is going, that no trial process is left.
+    gitops.RepoError where the run's repository is gone."""
+    repo = gitops.open_repo(Path(run.repo)) if run.repo else None
+    found, lines = problems(ledger, run, storage, repo), []
+    try:
+        with run_lock(home):  # only when no run is going can a trial process be a stray
+            found += stray_servers(Path(run.settings.get("home") or home) / run.id)
+    except Busy as e:
+        lines.append(f"  a run is in progress ({e}); trial processes not checked")
+    trials = ledger.trials(run.id)
+    lines.append(f"run {run.id} ({run.status}): {len(trials)} trials, {sum(1 for t in trials if t.branch)} branches")
+    lines += [f"  problem: {line}" for line in found]
+    return lines, len(found)

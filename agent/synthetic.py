@@ -73,3 +73,13 @@ def write(shape: Shape, model_dir: str, out: Path) -> list[dict]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(b) + "\n" for b in found))
     return found
+
+
+def described(written: list[dict], shape: Shape) -> str:
+    """The file written, in a line: requests, output lengths, prompt lengths, seed, timestamps."""
+    lengths = sorted(b["max_tokens"] for b in written)
+    timed = (f"; timestamps over {written[-1]['timestamp']:.0f} s ({shape.rate:g} requests/s, burstiness "
+             f"{shape.burstiness:g})" if shape.rate else "")
+    return (f"{len(written)} requests, output {lengths[0]}-{lengths[-1]} tokens (mean "
+            f"{sum(lengths) / len(lengths):.0f}), prompts about {shape.input_len} tokens (range ratio "
+            f"{shape.range_ratio}), seed {shape.seed}{timed}")

@@ -114,3 +114,37 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
         "recorded_ratio": claim["search_ratio"], "unit": objective.of_run(run).unit,
         "defaults_figures": figures["defaults"], "candidate_figures": figures["candidate"], "noise_log_sd": round(noise.sd, 5), "noise_df": noise.df,
     }
+
+
+def checked_claim(ledger: Ledger, branch: str, rounds: Rounds, say: Callable[[str], None]) -> tuple[list[str], int]:
+    """`agent verify`: the branch re-measured on fresh servers of the real engine, serving only what its
+    run's space allows (a branch's flags are data). The lines to print and the exit status: 0 the claim
+    holds, 1 it does not, 3 the rounds allowed could not decide. A RunError where it cannot be measured."""
+    from agent import gitops, paths
+    from agent.engine import WorkerEngine
+    from agent.part import run_space
+    from agent.request import RunError
+
+    parts = branch.split("/")
+    run_row = ledger.run(parts[1]) if len(parts) == 3 and parts[0] == "agent" else None
+    if run_row is None:
+        raise RunError(f"{branch!r} is not a branch agent/<run-id>/<trial> of a run in the ledger")
+    try:
+        repo = gitops.open_repo(Path(run_row.repo))
+        engine = WorkerEngine()
+        engine.allow(run_space(run_row).allowed())
+        r = verify(ledger, repo, branch, engine, paths.home() / run_row.id / "verify", rounds, say=say)
+    except (VerifyError, gitops.RepoError) as e:
+        raise RunError(str(e), 1) from None
+    low, high = r["interval"]
+    band = f"{r['band'][0]:.3f}x to {r['band'][1]:.3f}x"
+    measured = (f"{branch}: claimed {r['claimed_ratio']:.3f}x; re-measured {r['ratio']:.3f}x, 95% interval "
+                f"{low:.3f}x to {high:.3f}x after {r['rounds']} round(s) on {rounds.split} prompts (defaults "
+                f"{r['defaults_figures']}, candidate {r['candidate_figures']} {r['unit']}; noise "
+                f"±{r['noise_log_sd']:.1%}, {r['noise_df']} df)")
+    if r["verdict"] == HOLDS:
+        return [measured, f"the claim holds: the interval lies within {band}"], 0
+    if r["verdict"] == UNDECIDED:
+        return [measured, f"cannot decide: the interval overlaps {band} without lying within it; more rounds "
+                          f"(--rounds) or a looser --tolerance would decide"], 3
+    return [measured, f"the claim does not hold: the interval is clear of {band}"], 1

@@ -16,9 +16,9 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from seam_engine import SeamEngine  # noqa: E402
 
-from agent import cli, crew  # noqa: E402
+from agent import cli, crew, part  # noqa: E402
 
 if __name__ == "__main__":
-    cli.make_engine = SeamEngine
+    part.make_engine = SeamEngine
     crew.PROGRAM = [str(Path(__file__).resolve())]
     cli.main()

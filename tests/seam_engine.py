@@ -1,4 +1,4 @@
-"""The deterministic engine at the CLI's engine seam (agent.cli.make_engine, set by tests/agent_with_seam_engine.py):
+"""The deterministic engine at the CLI's engine seam (agent.part.make_engine, set by tests/agent_with_seam_engine.py):
 real `agent run` and `agent worker` processes, a real database, trials that take AGENT_TEST_TRIAL_S."""
 
 import json

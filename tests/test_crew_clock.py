@@ -55,7 +55,7 @@ def test_a_host_whose_clock_is_off_by_twice_the_grace_buries_nothing_live_and_ta
 
 def test_the_claim_a_resume_makes_on_a_silent_coordinators_heartbeat_has_one_winner(tmp_path):
     """Two resumes read the same silent coordinator row: the first claim on its heartbeat wins, the second
-    finds it taken (agent.cli._reopen refuses then; before, both passed the age check)."""
+    finds it taken (agent.part.reopen refuses then; before, both passed the age check)."""
     ledger = Ledger(tmp_path / "ledger.sqlite")
     assert subprocess.run([sys.executable, str(HERE / "crash_run.py"), str(tmp_path), "s", "4"],
                           capture_output=True, timeout=120).returncode == 0
@@ -72,9 +72,9 @@ def test_of_two_hosts_resuming_a_cleanly_stopped_run_at_once_one_goes_on(tmp_pat
     """A run stopped cleanly has no running coordinator row to claim: both hosts pass the heartbeat
     check. The run's owner is swapped only where it still reads what the resume read, so the host whose
     read came before the other's swap is refused (before, both went on)."""
-    import typer
 
-    from agent import cli
+    from agent import part
+    from agent.request import RunError
 
     monkeypatch.setenv("AGENT_HOME", str(tmp_path))
     assert subprocess.run([sys.executable, str(HERE / "crash_run.py"), str(tmp_path), "s", "4"],
@@ -83,10 +83,10 @@ def test_of_two_hosts_resuming_a_cleanly_stopped_run_at_once_one_goes_on(tmp_pat
     ledger.update(ledger.run("s"), status="stopped")
     assert not [w for w in ledger.workers("s") if w.status == "running"]
     read_by_b = ledger.run("s")                    # host b reads the run ...
-    taken = cli._reopen(ledger, "s")               # ... host a resumes it meanwhile ...
+    taken = part.reopen(ledger, "s")               # ... host a resumes it meanwhile ...
     assert taken.status == "running"
     monkeypatch.setattr(ledger, "run", lambda run_id: read_by_b)   # ... and host b goes on from its read
-    with pytest.raises(typer.Exit) as refused:
-        cli._reopen(ledger, "s")
-    assert refused.value.exit_code == 1
+    with pytest.raises(RunError) as refused:
+        part.reopen(ledger, "s")
+    assert refused.value.code == 1
     assert Ledger(tmp_path / "ledger.sqlite").run("s").owner == taken.owner

@@ -86,12 +86,12 @@ def test_an_offline_trial_that_cannot_find_its_model_has_a_class_of_its_own():
 def test_a_draft_given_by_hub_id_is_fetched_before_the_run_and_served_from_its_commits_snapshot(endpoint):
     """Before, a --draft-model Hub id went into the space as the id: never fetched, never pinned, so
     trials offline could not load it and a later commit could change what was measured."""
-    from agent import cli
+    from agent.request import RunError, draft_ready
 
-    path = cli._draft_ready("org/tiny")
+    path = draft_ready("org/tiny", say=print)
     assert path.endswith(f"models--org--tiny/snapshots/{SHA}") and os.path.isdir(path)
     endpoint.close()   # offline from here: the trials load the folder
     assert "model.safetensors" in os.listdir(path)
-    with pytest.raises(Exception) as e:   # a draft the Hub refuses stops the run before it starts, in one line
-        cli._draft_ready("org/gated")
-    assert getattr(e.value, "exit_code", None) == 2
+    with pytest.raises(RunError) as e:   # a draft the Hub refuses stops the run before it starts, in one line
+        draft_ready("org/gated", say=print)
+    assert e.value.code == 2 and "--draft-model" in str(e.value)

@@ -245,7 +245,7 @@ def test_a_sampler_point_cut_by_a_crash_is_measured_again_after_the_resume(tmp_p
 
 
 def test_interrupt_ends_the_trial_in_flight_and_stops_cleanly(tmp_path):
-    from agent.cli import _close_interrupted
+    from agent.part import close_interrupted
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
     space = spaces.load("vllm-cpu")
@@ -255,7 +255,7 @@ def test_interrupt_ends_the_trial_in_flight_and_stops_cleanly(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_search(RunContext(run, Settings(model="m", workload="smoke"), space),
                    Seams(ledger, StopAt(3), gitops.open_repo(tmp_path / "p", create=True)), f"sqlite:///{tmp_path / 'o.sqlite'}")
-    _close_interrupted(ledger, "r2", "stopped")
+    close_interrupted(ledger, "r2", "stopped")
     statuses = [t.status for t in ledger.trials("r2")]
     assert statuses[-1] == "interrupted" and "running" not in statuses
     assert ledger.run("r2").status == "stopped" and ledger.run("r2").finished_at

@@ -250,11 +250,11 @@ def test_a_worker_stopped_between_its_record_and_its_tell_tells_optuna_what_the_
     as the loop tells a twin it measured itself. Before, the study was loaded without the run's
     sampler: TPE got no constraint and ranked the trial below every other (Optuna: "does not have
     constraint values"), and a pruned one had no intermediate value."""
-    from agent import cli
+    from agent import part
     from agent import study as studies
 
     storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
-    monkeypatch.setattr(cli, "_storage", lambda: storage)
+    monkeypatch.setattr(part, "study_storage", lambda: storage)
     ledger = Ledger(tmp_path / "ledger.sqlite")
     run = ledger.add(Run(id="r", deadline_at="2100-01-01T00:00:00+00:00", model="m", space_path="s",
                          space_hash="h", workload="smoke", repo="", settings={}))
@@ -269,7 +269,7 @@ def test_a_worker_stopped_between_its_record_and_its_tell_tells_optuna_what_the_
                                worker_id=me.id, **fields))
         studies.tell(study, twin, *studies.told(row), pruned=row.status == "pruned")   # the loop's own tell
         twins[stopped.number] = twin.number
-    cli._interrupt_mine(ledger, run, me, tmp_path, "its worker was stopped")
+    part.interrupt_mine(ledger, run, me, tmp_path, "its worker was stopped")
     trials = {ft.number: ft for ft in optuna.load_study(study_name="r", storage=storage).trials}
     for number, twin in twins.items():
         got, want = trials[number], trials[twin]

@@ -84,9 +84,10 @@ def test_a_model_folder_given_relative_to_here_is_made_absolute_even_where_it_lo
                                                                                                   monkeypatch):
     """Trials run from the agent's source root, so "models/tiny" must not be read there, nor fetched
     from the Hub as the id models/tiny: the folder here wins, as its absolute path."""
-    from agent import cli, hub
+    from agent import hub
+    from agent.request import model_ready
 
     (tmp_path / "models" / "tiny").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(hub, "fetch", lambda *a, **k: (_ for _ in ()).throw(AssertionError("fetched from the Hub")))
-    assert cli._ready("models/tiny") == (str(tmp_path / "models" / "tiny"), None)
+    assert model_ready("models/tiny", say=print) == (str(tmp_path / "models" / "tiny"), None)

