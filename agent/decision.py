@@ -24,10 +24,10 @@ def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, h
     to the coordinator."""
     settings, ledger = ctx.settings, seams.ledger
     start = goodput_start(history)   # under goodput: the search starts at the defaults' figure
-    result = measure(ctx, seams, row, max(clock.seconds_left(ctx.run.deadline_at), 1),
-                     prune_below=gate.prune_below(base) if settings.prune else None,
-                     quality_above=gate.screen_floor(base, settings.gate) if settings.prune else None,
-                     **({"goodput_start": start} if start else {}))
+    result = measure(ctx, seams, row, max(clock.seconds_left(ctx.run.deadline_at), 1), stop_rules={
+        "prune_below": gate.prune_below(base) if settings.prune else None,
+        "quality_above": gate.screen_floor(base, settings.gate) if settings.prune else None,
+        "goodput_start": start or None})
     row = record(ledger, row, result)
     return judge(ctx, seams, row, result, base, history, coordinator)
 
@@ -190,7 +190,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
         start = (row.figure if target is row else goodput_start(history)) if goodput_start(history) else None
         result = measure(ctx, seams, target, max(clock.seconds_left(run.deadline_at), 1),
                          suffix=f"-heldout{suffix}", workload=inline, quality="none",
-                         **({"goodput_start": start} if start else {}))
+                         stop_rules={"goodput_start": start or None})
         times.append(result.timings["total_s"])
         if not result.ok:
             raise MeasureFailed(f"a held-out instance failed: {result.failure.klass}: {result.failure.message[:200]}")

@@ -191,7 +191,7 @@ def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> 
     seams.say("trial", number=row.number, source=source, params={}, left_s=clock.seconds_left(run.deadline_at),
               best=None)
     result = measure(ctx, seams, row, max(clock.seconds_left(run.deadline_at), 1), heldout_bench=source == "aa",
-                     **({"goodput_start": start} if start else {}))
+                     stop_rules={"goodput_start": start or None})
     row = record(ledger, row, result)
     if not result.ok:
         failure = result.failure

@@ -19,10 +19,14 @@ def open_trial(ctx: RunContext, ledger: Ledger, point: dict, source: str,
                                   rationale=rationale, worker_id=ctx.worker_id))
 
 
-def spec_for(ctx: RunContext, flags: dict, env: dict, **extra) -> dict:
+def spec_for(ctx: RunContext, flags: dict, env: dict, stop_rules: dict | None = None, **extra) -> dict:
+    """The worker's spec of a config; stop_rules: the run's rules for cutting the trial short
+    (sandbox.spec.StopRules: prune_below, quality_above, goodput_start), those not None."""
     s = ctx.settings
+    rules = {k: v for k, v in (stop_rules or {}).items() if v is not None}
     return {"model": s.model, "flags": flags, "env": env, "workload": s.workload, "quality": s.quality,
-            "repeats": s.repeats, **({"quality_text": s.quality_text} if s.quality_text else {}), **extra}
+            "repeats": s.repeats, **({"quality_text": s.quality_text} if s.quality_text else {}),
+            **({"stop_rules": rules} if rules else {}), **extra}
 
 
 def measure(ctx: RunContext, seams: Seams, row: Trial, timeout_s: float, suffix: str = "", **extra) -> TrialResult:

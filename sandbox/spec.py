@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,18 @@ class Deadlines:
 
 
 @dataclass(frozen=True)
+class StopRules:
+    """The agent's rules for cutting a trial short, which the worker obeys and never sets itself: each is
+    a figure the run measured, in the objective's unit."""
+
+    prune_below: float | None = None    # stop the benchmark once its figure cannot reach this (bench.Pruner;
+    #                                     under goodput, in requests/s: goodput.search's give_up_below)
+    quality_above: float | None = None  # measure quality only when the benchmark's figure is above this
+    goodput_start: float | None = None  # under goodput: the search's start (the defaults' goodput, or a
+    #                                     candidate's own for its held-out instance)
+
+
+@dataclass(frozen=True)
 class TrialSpec:
     model: str
     flags: dict[str, Any] = field(default_factory=dict)
@@ -80,11 +92,7 @@ class TrialSpec:
     deadlines: Deadlines = field(default_factory=Deadlines)
     trust_remote_code: bool = False
     repeats: int = 1  # measured phases on the same server; the result reports their median
-    prune_below: float | None = None  # stop the benchmark once its figure cannot reach this (bench.Pruner;
-    #                                       under goodput, in requests/s: goodput.search's give_up_below)
-    quality_above: float | None = None  # measure quality only when the benchmark's figure is above this
-    goodput_start: float | None = None  # under goodput: the search's start, a figure the run measured
-    #                                     (the defaults' goodput, or a candidate's own for its held-out instance)
+    stop_rules: StopRules = field(default_factory=StopRules)   # the agent's, obeyed here
 
     def server_args(self) -> list[str]:
         """The flags as an argv tail, in the spec's order."""
@@ -155,7 +163,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code", "repeats",
-             "heldout_bench", "prune_below", "quality_above", "quality_text", "goodput_start"}
+             "heldout_bench", "stop_rules", "quality_text"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SpecError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -171,14 +179,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     heldout = raw.get("heldout_bench", False)
     if not isinstance(heldout, bool):
         raise SpecError(f"{source}.heldout_bench: {heldout!r} is not true or false")
-    for key in ("prune_below", "quality_above"):
-        value = raw.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e7):
-            raise SpecError(f"{source}.{key}: {value!r} is not a figure from 0 to 1e7")
-    start = raw.get("goodput_start")
-    if start is not None and (isinstance(start, bool) or not isinstance(start, (int, float)) or not 0 < start <= 1000):
-        raise SpecError(f"{source}.goodput_start: {start!r} is not a request rate above 0 and at most 1000")
-    prune, quality_above = raw.get("prune_below"), raw.get("quality_above")
+    stop_rules = _stop_rules(raw.get("stop_rules") or {}, f"{source}.stop_rules")
     quality_text = raw.get("quality_text")
     if quality_text is not None and not isinstance(quality_text, str):
         raise SpecError(f"{source}.quality_text: {quality_text!r} is not a file path")
@@ -203,10 +204,24 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         trust_remote_code=trust,
         repeats=repeats,
         heldout_bench=heldout,
-        prune_below=float(prune) if prune is not None else None,
-        quality_above=float(quality_above) if quality_above is not None else None,
-        goodput_start=float(start) if start is not None else None,
+        stop_rules=stop_rules,
     )
+
+
+def _stop_rules(raw: Any, source: str) -> StopRules:
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: {raw!r} is not a mapping of rule: figure")
+    unknown = sorted(set(raw) - {f.name for f in fields(StopRules)})
+    if unknown:
+        raise SpecError(f"{source}: unknown rule {unknown[0]!r} (known: prune_below, quality_above, goodput_start)")
+    for key in ("prune_below", "quality_above"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e7):
+            raise SpecError(f"{source}.{key}: {value!r} is not a figure from 0 to 1e7")
+    start = raw.get("goodput_start")
+    if start is not None and (isinstance(start, bool) or not isinstance(start, (int, float)) or not 0 < start <= 1000):
+        raise SpecError(f"{source}.goodput_start: {start!r} is not a request rate above 0 and at most 1000")
+    return StopRules(**{k: float(v) for k, v in raw.items() if v is not None})
 
 
 def load(path: str | Path) -> TrialSpec:

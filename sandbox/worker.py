@@ -220,17 +220,17 @@ class TrialRun:
         self.enter("benchmark")
         spec, workload = self.spec, self.spec.workload
         if workload.objective == "goodput":
-            self.result.bench = found = self.goodput(workload, start=spec.goodput_start,
-                                                     give_up_below=spec.prune_below)
+            self.result.bench = found = self.goodput(workload, start=spec.stop_rules.goodput_start,
+                                                     give_up_below=spec.stop_rules.prune_below)
             self.lap("benchmark")
             if found.goodput["pruned_at"] is not None:
                 self.result.status = "pruned"
                 self.result.pruned = {"after_requests": sum(p["requests"] for p in found.goodput["points"]),
                                       "of": workload.rate_points() * workload.num_prompts,
-                                      "upper": found.figure, "below": spec.prune_below}
+                                      "upper": found.figure, "below": spec.stop_rules.prune_below}
             return
-        pruner = (bench.Pruner.for_workload(spec.prune_below, workload)   # it bounds tokens/s: tps only
-                  if spec.prune_below is not None and workload.objective == "tps" else None)
+        pruner = (bench.Pruner.for_workload(spec.stop_rules.prune_below, workload)   # it bounds tokens/s: tps only
+                  if spec.stop_rules.prune_below is not None and workload.objective == "tps" else None)
         runs = []
         with deadline((self.bench_s + _span(workload, spec.repeats)) * spec.repeats + 10, self.phase):
             for repeat in range(spec.repeats):   # fresh requests each repeat: nothing replayed to this server
@@ -249,7 +249,7 @@ class TrialRun:
         if pruner and pruner.pruned:
             self.result.status = "pruned"
             self.result.pruned = {"after_requests": last.requests, "of": workload.num_prompts,
-                                     "upper": round(pruner.upper_tps, 3), "below": spec.prune_below}
+                                     "upper": round(pruner.upper_tps, 3), "below": spec.stop_rules.prune_below}
             return
         if figures.output_tokens == 0 or figures.short_outputs:
             raise TrialFailure("bad_output", f"{figures.short_outputs} of {figures.requests} requests did not "
@@ -368,10 +368,10 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
             if spec.heldout_bench:
                 run.heldout()
             if spec.quality is not None:  # None: a speed re-check, quality was measured already
-                if spec.quality_above is None or run.result.bench.value > spec.quality_above:
+                if spec.stop_rules.quality_above is None or run.result.bench.value > spec.stop_rules.quality_above:
                     run.quality()
                 else:   # too slow to be accepted whatever its quality: the seconds go to the next trial
-                    run.result.quality_skipped = f"{run.result.bench.value} is not above {spec.quality_above}"
+                    run.result.quality_skipped = f"{run.result.bench.value} is not above {spec.stop_rules.quality_above}"
     except TrialFailure as failure:
         run.fail(failure.klass, failure.message, failure.log_tail, failure.cause)
     except PhaseTimeout:

@@ -127,12 +127,13 @@ class SimulatedEngine:
         ppl = 4.674 * (1.004 if lossy else 1.0)
         bench_s = self.bench_tokens / tps * max(1, spec.get("repeats", 1))
         timings = {"start_s": start_s, "warmup_s": 5.0, "benchmark_s": bench_s}
-        if spec.get("prune_below") and tps * 4 / 3 < spec["prune_below"]:   # the Pruner after 3 of 24
+        below = (spec.get("stop_rules") or {}).get("prune_below")   # the agent's (sandbox.spec.StopRules)
+        if below and tps * 4 / 3 < below:   # the Pruner after 3 of 24
             timings["benchmark_s"] = bench_s * 3 / 24 / max(1, spec.get("repeats", 1))
             self.clock += sum(timings.values())
             return TrialResult(status="pruned", log_path=str(trial_dir / "server.log"),
                                pruned={"after_requests": 3, "of": 24, "upper": round(tps * 4 / 3, 3),
-                                       "below": spec["prune_below"]},
+                                       "below": below},
                                workload={"name": str(spec["workload"]), "hash": "simulated", "meter_version": 1},
                                bench=Figures(tps=round(tps, 3), repeat_figures=[tps], requests=3), metrics={},
                                timings=timings)

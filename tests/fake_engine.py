@@ -94,21 +94,22 @@ class FakeEngine:
         tps *= 1 + 0.005 * (self.calls % 3)          # instance-to-instance noise, about ±0.5%
         if self.slowdown and self.calls > self.slowdown[0]:
             tps *= self.slowdown[1]
-        if spec.get("prune_below") and tps < spec["prune_below"]:   # the worker's Pruner, in one line
+        rules = spec.get("stop_rules") or {}   # the agent's (sandbox.spec.StopRules)
+        if rules.get("prune_below") and tps < rules["prune_below"]:   # the worker's Pruner, in one line
             return TrialResult(status="pruned", log_path=str(trial_dir / "server.log"),
                                pruned={"after_requests": 3, "of": 4, "upper": round(tps * 4 / 3, 3),
-                                       "below": spec["prune_below"]},
+                                       "below": rules["prune_below"]},
                                workload=self.meter(spec), bench=Figures(tps=round(tps, 3), repeat_figures=[tps], requests=3),
                                metrics={}, timings={"start_s": 0.01, "benchmark_s": 0.01})
         ppl = 8.5 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 8.0
-        skip_quality = spec.get("quality_above") is not None and tps <= spec["quality_above"]
+        skip_quality = rules.get("quality_above") is not None and tps <= rules["quality_above"]
         greedy = [list(g) for g in GREEDY]
         if flags.get("block-size") == 128:          # a "lossless" knob that is not: flips one token
             greedy[0][2] += 1
         # Under the objective goodput the worker's figure is requests/s within the SLOs: here tps / 20.
         goodput = load_workload(spec["workload"]).objective == "goodput"
         # As the worker's search records it: a bracket of 3 points around the figure, from its start.
-        start = spec.get("goodput_start") or 0.75
+        start = rules.get("goodput_start") or 0.75
         figure = (lambda x: {"objective": "goodput", "figure": round(x / 20, 4), "goodput": {
             "rate": round(x / 20, 4), "bounds": [round(x / 20 * 0.98, 4), round(x / 20 * 1.02, 4)], "converged": True,
             "points": [{"rate": start}, {}, {}]}}) if goodput else (lambda x: {})

@@ -234,8 +234,8 @@ def goodput_trial(tmp_path: Path, monkeypatch, slots: int, rate: str, ttft_ms: f
                 "prompt_split": "search", "traffic": str(traffic), "arrivals": f"{rate},burstiness=1000,seed=1",
                 "objective": "goodput", "slo_ttft_p99_ms": ttft_ms}
     spec = specs.from_dict({"model": "fake", "workload": workload, "deadlines": {"start_s": 30},
-                            "heldout_bench": heldout, "prune_below": prune_below,
-                            **({"goodput_start": start} if start else {})})
+                            "heldout_bench": heldout, "stop_rules": {"prune_below": prune_below,
+                                                                     **({"goodput_start": start} if start else {})}})
     out = tmp_path / f"s{slots}{out}"
     out.mkdir()
     return run_trial(spec, out / "server.log", out / "progress.json", launcher=FAKE)
@@ -275,7 +275,7 @@ def latency_trial(tmp_path: Path, monkeypatch, token_s: float, objective: str, a
                 "prompt_split": "search", "traffic": str(traffic), "arrivals": arrivals, "objective": objective}
     spec = specs.from_dict({"model": "fake", "workload": workload, "repeats": 2, "deadlines": {"start_s": 30},
                             "heldout_bench": True,
-                            "prune_below": 1e6})   # a pruner bounds tokens/s: not used under a latency objective
+                            "stop_rules": {"prune_below": 1e6}})   # a pruner bounds tokens/s: not under latency
     out = tmp_path / f"o{token_s}"
     out.mkdir()
     return run_trial(spec, out / "server.log", out / "progress.json", launcher=FAKE)

@@ -225,8 +225,8 @@ def test_a_sampler_point_cut_by_a_crash_is_measured_again_after_the_resume(tmp_p
         started = 0
 
         def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
-            self.started += "prune_below" in spec
-            if self.started == 7 and "prune_below" in spec:
+            self.started += "prune_below" in spec.get("stop_rules", {})
+            if self.started == 7 and "prune_below" in spec.get("stop_rules", {}):
                 raise KeyboardInterrupt
             return super().evaluate(spec, trial_dir, timeout_s, on_phase)
 
@@ -661,17 +661,18 @@ def test_under_goodput_every_search_after_the_defaults_first_starts_at_their_fig
     ledger, _ = _run(tmp_path, "gs", engine, settings)
     trials = {t.number: t for t in ledger.trials("gs")}
     searched = [s for s in engine.specs if load_split(s) == "search"]
-    assert "goodput_start" not in searched[0] and all("goodput_start" in s for s in engine.specs[1:])
+    start = {i: s.get("stop_rules", {}).get("goodput_start") for i, s in enumerate(engine.specs)}
+    assert "stop_rules" not in searched[0] and all(start[i] for i in range(1, len(engine.specs)))
     defaults = [t.figure for t in ledger.trials("gs") if t.source in ("baseline", "aa")]
     assert len(defaults) == 3 and len(searched) > 3
     for i, spec in enumerate(searched[1:3], start=1):   # the second baseline instance, then the A/A
-        assert math.isclose(spec["goodput_start"], math.exp(sum(map(math.log, defaults[:i])) / i), rel_tol=1e-5)
-    assert all(math.isclose(s["goodput_start"], math.exp(sum(map(math.log, defaults)) / 3), rel_tol=1e-5)
+        assert math.isclose(spec["stop_rules"]["goodput_start"], math.exp(sum(map(math.log, defaults[:i])) / i), rel_tol=1e-5)
+    assert all(math.isclose(s["stop_rules"]["goodput_start"], math.exp(sum(map(math.log, defaults)) / 3), rel_tol=1e-5)
                for s in searched[3:])   # candidates (no drift or extra instance of the defaults here)
     heldout = [s for s in engine.specs if load_split(s) == "heldout"]   # the candidates' held-out instances
     config = lambda s: repr((s["flags"], s["env"]))  # noqa: E731
     own = {config(vars(t)): t.figure for t in trials.values() if t.source in ("planner", "sampler") and t.figure}
-    assert len(heldout) >= 2 and all(s["goodput_start"] == own[config(s)] for s in heldout)
+    assert len(heldout) >= 2 and all(s["stop_rules"]["goodput_start"] == own[config(s)] for s in heldout)
     assert not any(t.source == "extra" for t in trials.values())
 
 

@@ -50,9 +50,13 @@ def test_allowed_environment_is_stringified():
     ({"model": "m", "workload": "nope"}, "'nope'"),
     ({"model": "m", "deadlines": {"start_s": "soon"}}, "deadlines"),
     ({"model": "m", "trust_remote_code": "yes"}, "trust_remote_code"),
-    ({"model": "m", "goodput_start": 0}, "goodput_start: 0 is not a request rate above 0"),
-    ({"model": "m", "goodput_start": "fast"}, "goodput_start: 'fast'"),
-    ({"model": "m", "goodput_start": True}, "goodput_start: True"),
+    ({"model": "m", "stop_rules": {"goodput_start": 0}}, "stop_rules.goodput_start: 0 is not a request rate above 0"),
+    ({"model": "m", "stop_rules": {"goodput_start": "fast"}}, "stop_rules.goodput_start: 'fast'"),
+    ({"model": "m", "stop_rules": {"goodput_start": True}}, "stop_rules.goodput_start: True"),
+    ({"model": "m", "stop_rules": {"prune_below": -1}}, "stop_rules.prune_below: -1 is not a figure"),
+    ({"model": "m", "stop_rules": {"stop_after": 3}}, "stop_rules: unknown rule 'stop_after'"),
+    ({"model": "m", "stop_rules": [1]}, "stop_rules: [1] is not a mapping"),
+    ({"model": "m", "prune_below": 1.0}, "unknown key 'prune_below'"),   # a stop rule only under its name
 ])
 def test_malformed_specs_are_refused(raw, needle):
     with pytest.raises(specs.SpecError) as err:

@@ -216,7 +216,7 @@ def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake
 def test_a_hopeless_benchmark_is_pruned_after_a_few_requests_and_skips_quality(tmp_path, fake_mode):
     fake_mode("ok")
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
-                            "prune_below": 1e6, "repeats": 2})   # a threshold no server reaches
+                            "stop_rules": {"prune_below": 1e6}, "repeats": 2})   # a threshold no server reaches
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
     assert result.status == "pruned" and result.failure is None
     assert result.pruned["after_requests"] == 3 and result.pruned["of"] == 4
@@ -229,7 +229,7 @@ def test_a_hopeless_benchmark_is_pruned_after_a_few_requests_and_skips_quality(t
 def test_a_benchmark_that_can_reach_the_threshold_is_never_pruned(tmp_path, fake_mode):
     fake_mode("ok")
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
-                            "prune_below": 1.0})
+                            "stop_rules": {"prune_below": 1.0}})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
     assert result.status == "ok" and result.bench.requests == 4 and result.quality.ppl > 0
 
@@ -237,7 +237,7 @@ def test_a_benchmark_that_can_reach_the_threshold_is_never_pruned(tmp_path, fake
 def test_quality_is_measured_only_when_the_speed_could_pass(tmp_path, fake_mode):
     fake_mode("ok")
     spec = specs.from_dict({"model": "fake", "workload": "smoke", "deadlines": {"start_s": 30},
-                            "quality_above": 1e6})
+                            "stop_rules": {"quality_above": 1e6}})
     result = run_trial(spec, tmp_path / "server.log", tmp_path / "progress.json", launcher=FAKE)
     assert result.status == "ok" and result.quality is None and "is not above" in result.quality_skipped
     assert result.bench.requests == 4 and "quality_s" not in result.timings
