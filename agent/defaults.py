@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from agent import budget, clock, gate, objective
+from agent import budget, clock, gate, greedy, objective
 from agent.context import RunContext, Seams
 from agent.gate import Baseline, GateSettings, Instance
 from agent.ledger import Trial
@@ -100,7 +100,7 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
                       gate_reasons=[verdict.line], search_ratio=round(verdict.speed.ratio, 4),
                       search_interval=[round(verdict.speed.low, 4), round(verdict.speed.high, 4)],
                       flips=[f.as_dict() for f in verdict.flips], rule=verdict.calibration.rule, constraint=0.0,
-                      agreement=gate.agreement(first.reference["ids"], aa.greedy or []))
+                      agreement=greedy.agreement(first.reference["ids"], aa.greedy or []))
         say("aa", line=verdict.line)
     base = baseline_from(history, settings.gate)
     while gate.more_defaults_wanted(base, verdict, sum(1 for t in history if t.source == Source.BASELINE

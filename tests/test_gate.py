@@ -6,6 +6,7 @@ import math
 import pytest
 
 from agent import gate
+from agent import greedy as equivalence
 from agent.gate import GateSettings, Instance, MeasureFailed, baseline_of, check, decide, judge_aa
 from agent.stats import compare, pooled_noise, t_quantile
 from sandbox.result import Figures, Quality, TrialResult, failed
@@ -65,7 +66,7 @@ def test_noise_is_pooled_on_the_log_scale_over_groups_and_bounds_widen_with_it()
 def test_near_tie_flips_within_tau_are_numerics_and_accepted_as_lossless():
     ref = greedy(IDS, tie_at=(3, 2), margin=0.05)
     base = steady_base(g=ref)
-    assert base.calibration.tau == gate.TAU_FLOOR and base.calibration.flips_allowed == 2
+    assert base.calibration.tau == equivalence.TAU_FLOOR and base.calibration.flips_allowed == 2
     near = greedy(IDS, tie_at=(3, 2), margin=0.05, take_runner_up=True)
     verdict = check(result(14.0, near), base, lossless=True)
     assert verdict.passed, verdict.reasons
@@ -103,13 +104,13 @@ def test_a_config_that_flips_every_near_tie_is_not_lossless():
 def test_tau_is_calibrated_from_the_defaults_own_flips_with_a_floor_and_a_cap():
     ref = greedy(IDS, tie_at=(2, 1), margin=0.1)
     other = greedy(IDS, tie_at=(2, 1), margin=0.1, take_runner_up=True)
-    cal = gate.calibrate(ref, [other])
-    assert cal.tau == pytest.approx(0.2) and cal.flips_allowed == 1 + gate.flip_allowance(1)
-    wide = gate.calibrate(greedy(IDS, tie_at=(2, 1), margin=0.3),
+    cal = equivalence.calibrate(ref, [other])
+    assert cal.tau == pytest.approx(0.2) and cal.flips_allowed == 1 + equivalence.flip_allowance(1)
+    wide = equivalence.calibrate(greedy(IDS, tie_at=(2, 1), margin=0.3),
                           [greedy(IDS, tie_at=(2, 1), margin=0.3, take_runner_up=True)])
-    assert wide.tau == gate.TAU_CAP
-    assert gate.calibrate(ref, [ref]).tau == gate.TAU_FLOOR
-    exact = gate.calibrate(ref, [other], exact=True)
+    assert wide.tau == equivalence.TAU_CAP
+    assert equivalence.calibrate(ref, [ref]).tau == equivalence.TAU_FLOOR
+    exact = equivalence.calibrate(ref, [other], exact=True)
     assert exact.rule == "exact" and exact.tau == 0.0
 
 
