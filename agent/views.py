@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import make_dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from agent.ledger import Base, Run, Trial
 
@@ -26,7 +26,8 @@ def _frozen(model: type[Base], name: str, **derived) -> type:
 
 
 if TYPE_CHECKING:   # a view reads as its row does: a type checker checks its readers against the row's columns
-    TrialView, RunView = Trial, Run
+    TrialView: TypeAlias = Trial
+    RunView: TypeAlias = Run
 else:   # what the row derives from its columns reads the same on its view
     TrialView = _frozen(Trial, "TrialView", claimed_ratio=Trial.claimed_ratio, held_out_claim=Trial.held_out_claim)
     RunView = _frozen(Run, "RunView")
