@@ -18,13 +18,14 @@ step "levers of the embedded model on all three shapes (at most $LEVER_S s)"
 # front-end lever that read 1.107x on rag-c32 (one instance, block two), the graph sizes and async
 # scheduling against the defaults; then one instance each of the rest (--also: intervals from the
 # noise pooled over the others); then the widest row until the budget is spent.
-# LEVERS replaces the lever arguments (a shorter block: fewer levers).
+# LEVERS replaces the lever arguments (a shorter block: fewer levers); SPREAD the defaults' spread
+# at which the table stops (default 10%; the intervals account for the spread either way).
 LEVERS=${LEVERS:-"--lever api-server-count-4 --lever graphs-to-2048 --lever no-async-scheduling --instances 2
     --also api-server-count-2 --also max-num-batched-tokens-16384 --also stream-interval-8"}
 SHAPES=${SHAPES:-"--shape serving-c32 --shape serving-c128 --shape rag-c32"}   # a shorter block: fewer shapes
 # shellcheck disable=SC2086
 $PY scripts/lever_table.py run $SHAPES $LEVERS \
-    --budget-s "$LEVER_S" --max-defaults-spread 0.10 --out "$R/levers-gpu.jsonl" --raw "$R/raw" \
+    --budget-s "$LEVER_S" --max-defaults-spread "${SPREAD:-0.10}" --out "$R/levers-gpu.jsonl" --raw "$R/raw" \
     > "$R/levers.log" 2>&1 || step "lever table failed"
 
 if [ "${STANDIN:-0}" = 1 ]; then
