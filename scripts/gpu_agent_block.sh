@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One block of GPU time for the agent's own run (issue 44, docs/results.md "What does a run give on a
-# GPU under load?"): `agent run` for $RUN_M minutes on the lever table's long-prompt shape (rag.jsonl
-# at 32 in flight, 256 requests a phase after 64 warm-ups, the shape where `--api-server-count 4`
-# read 1.107x and 1.214x), then its ledger, report, doctor and trials per hour, and `agent verify`
-# of the best branch when one was committed and time is left. Each step's output is under $R.
-# The run works on a copy of the tree in /tmp/src: the device tool copies the working tree again on
-# every watching call, and a trial's worker imports the code afresh.
+# One block of GPU time for the agent's own run (issue 44): `agent run` for $RUN_M minutes on
+# $WORKLOAD (default: the GPU default, serving.jsonl at 32 in flight), then its ledger, report,
+# doctor and trials per hour, and `agent verify` of a committed branch when time is left. Each
+# step's output is under $R. The run works on a copy of the tree in /tmp/src: the device tool
+# copies the working tree again on every watching call, and a trial's worker imports the code afresh.
+# Check a workload here first (seconds, no GPU): `agent run` refuses one whose traffic is too small
+# before the model is prepared. The lever table's rag-c32 (256 requests a phase at 32 in flight)
+# is such a one with the shipped rag.jsonl: 600 requests, 112 held out, where 2 repeats need 512
+# held-out requests (2026-12-06 22:09, the first block of this script, exited there).
+#     .venv/bin/python -c "from sandbox.workload import load_workload; load_workload('W').check(2)"
 # Run from the project root on the GPU host once its packages are installed (a development tool:
 # ../shared/tools/gpu/on-device.sh, or `agent bundle` and `VENV=/opt/torch/.venv scripts/setup.sh --offline`).
 #     R=/tmp/res RUN_M=25 setsid nohup bash scripts/gpu_agent_block.sh > /tmp/res/block.log 2>&1 &
@@ -18,19 +21,10 @@ tar --exclude=./.gpu --exclude=./.venv --exclude=./runs --exclude=./.git -cf - .
 cd "$SRC" || exit 1
 source scripts/gpu_block_start.sh   # $R, $PY, step, left; the model prepared
 
-cat > "$R/rag-c32.yaml" <<EOF
-# The lever table's rag-c32 shape as a user's workload file (scripts/lever_table.py SHAPES).
-name: rag-c32
-meter_version: 5
-concurrency: 32
-num_prompts: 256
-warmup_requests: 64
-prompt_split: search
-traffic: $SRC/sandbox/data/traffic/rag.jsonl
-EOF
+WORKLOAD=${WORKLOAD:-default}
 
-step "agent run --budget ${RUN_M}m --workload rag-c32.yaml"
-$PY -m agent.cli run --budget "${RUN_M}m" --workload "$R/rag-c32.yaml" > "$R/run.log" 2>&1 || step "agent run exited $?"
+step "agent run --budget ${RUN_M}m --workload $WORKLOAD"
+$PY -m agent.cli run --budget "${RUN_M}m" --workload "$WORKLOAD" > "$R/run.log" 2>&1 || step "agent run exited $?"
 $PY -m agent.cli ledger --json > "$R/ledger.json" 2>&1
 $PY -m agent.cli report > "$R/report.txt" 2>&1
 $PY -m agent.cli doctor > "$R/doctor.log" 2>&1
