@@ -66,7 +66,7 @@ class Target:
 
 def read_freeze(path: Path) -> dict[str, str]:
     """`pip freeze` output: name==version lines; editable installs, comments and URLs are skipped."""
-    installed = {}
+    installed: dict[str, str] = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line or line.startswith("-") or " @ " in line:

@@ -39,7 +39,7 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
     settings, ledger = ctx.settings, seams.ledger
     if result.status == "pruned" or result.quality_skipped:
         return cut_short(seams, row, result, base)
-    verdict = gate.check(result, base, row.lossless, settings.gate)
+    verdict = gate.check(result, base, bool(row.lossless), settings.gate)
     constraint = gate.constraint(verdict, result, settings.gate)
     rule = (base.calibration.rule + (f", tau {base.calibration.tau:.3f}" if base.calibration.rule == "calibrated"
                                      else "")) if row.lossless else "lossy: greedy outputs not required"
@@ -136,6 +136,7 @@ def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> 
     defaults (`pruned`; Optuna hears PRUNED with the partial ratio), or run to the end but not faster
     than them (`speed-only`: no quality verdict could change the outcome). Feasible for Optuna, no
     held-out decision."""
+    assert result.bench is not None and row.figure is not None   # measured, if only in part
     ratio = round(result.bench.value / (base.figure * base.drift), 4)
     if p := result.pruned:
         decision = "pruned"
@@ -155,6 +156,7 @@ def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> 
 def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:
     """With the held-out re-check off, the search instance alone must clear the bound."""
     need = 1 + settings.min_gain
+    assert row.search_interval is not None   # the gate compared it on the search prompts
     low, high = row.search_interval
     accepted = low > need
     seams.ledger.transition(row, gate_passed=accepted, decision="accepted" if accepted else "refused",
@@ -192,8 +194,8 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
                          suffix=f"-heldout{suffix}", workload=inline, quality="none",
                          stop_rules={"goodput_start": start or None})
         times.append(result.timings["total_s"])
-        if not result.ok:
-            raise MeasureFailed(f"a held-out instance failed: {result.failure.klass}: {result.failure.message[:200]}")
+        if not result.ok or result.bench is None:
+            raise MeasureFailed(f"a held-out instance failed: {result.why()[:300]}")
         measured.append(result)
         ledger.add_repeats(target.id, n, result.bench.repeat_figures)
         return result.bench.value
@@ -256,8 +258,8 @@ def slower_than_branched(row: Trial, history: list[Trial], base: Baseline, setti
     noise, cannot be branched whatever its held-out decision says: no fresh servers for it."""
     # Every config's repeated held-out instances are more evidence of the instance noise.
     noise = base.noise_with(*(t.heldout_instances for t in history if t.heldout_instances))
-    for other in (t for t in history if t.branch and t.figure):
-        c = compare([row.figure], [other.figure], noise, settings.level)
+    for other in (t for t in history if t.branch and t.figure and row.figure):
+        c = compare([row.figure or 0.0], [other.figure or 0.0], noise, settings.level)
         if c.high < 1:
             return (f"dominated on the search prompts: {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of {other.branch}, "
                     f"slower beyond the noise: no held-out decision, not branched")

@@ -125,6 +125,7 @@ class WorkerEngine:
 
     def _rules_on_device(self) -> dict:
         """The allow-list with this worker's own core span among the thread-binding choices (_on_device)."""
+        assert self.rules is not None   # allow() was called: the caller checked
         bind = self.rules["env"].get("VLLM_CPU_OMP_THREADS_BIND")
         if self.slot is None or not self.slot.cores or not bind or "choices" not in bind:
             return self.rules
@@ -186,7 +187,7 @@ def trial_processes(progress: Path) -> list[psutil.Process]:
     of them when the live leader is that very server."""
     state = _read(progress)
     token = state.get("token")
-    session, started = state.get("server_pid"), state.get("server_started")
+    session, started = state.get("server_pid"), float(state.get("server_started") or 0.0)
     if state.get("phase") == "done" or not session or not started:
         session = None
     try:
@@ -244,6 +245,7 @@ class Preflight:
     def _read(self, timeout_s: float) -> dict | None:
         import selectors
 
+        assert self.proc is not None and self.proc.stdout is not None   # started with a pipe (_start)
         with selectors.DefaultSelector() as sel:
             sel.register(self.proc.stdout, selectors.EVENT_READ)
             if not sel.select(timeout_s):
@@ -275,6 +277,7 @@ class Preflight:
         """effective: the answer carries the engine config vLLM built (sandbox.preflight.effective)."""
         if not self._start():
             return None
+        assert self.proc is not None and self.proc.stdin is not None   # started with a pipe (_start)
         try:
             self.proc.stdin.write(json.dumps({"flags": flags, "env": env, "effective": effective}) + "\n")
             self.proc.stdin.flush()

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -43,6 +43,9 @@ def utcnow() -> str:
 
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+RowT = TypeVar("RowT", bound=Base)   # a row of any table: what is written comes back as its own type
 
 
 class Migration(Base):
@@ -264,14 +267,16 @@ def safe_url(url: str) -> str:
 class Ledger:
     def __init__(self, where: Path | str):
         """where: a SQLite file's path, or a database URL (sqlite:///..., postgresql+psycopg://...)."""
-        url = str(where) if "://" in str(where) else None
-        self.path = None if url else Path(where)
-        self.sqlite = url is None or url.startswith("sqlite")
+        given = str(where) if "://" in str(where) else None
+        self.path = None if given else Path(where)
+        self.sqlite = given is None or given.startswith("sqlite")
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             url = f"sqlite:///{self.path}"
-        elif self.sqlite:
-            self.path = Path(url.split("///", 1)[1])
+        else:
+            url = str(given)
+            if self.sqlite:
+                self.path = Path(url.split("///", 1)[1])
         self.url = url
         # How messages name it: the file, or the URL without its password.
         self.where = str(self.path) if self.sqlite else safe_url(url)
@@ -304,7 +309,7 @@ class Ledger:
                     raise
                 time.sleep(0.05 * (attempt + 1))
 
-    def add(self, row: Base) -> Base:
+    def add(self, row: RowT) -> RowT:
         with self.session.begin() as s:
             s.add(row)
         return row
@@ -319,7 +324,7 @@ class Ledger:
                     s.add(row)
                 return row
             except IntegrityError:
-                row.id = None
+                row.id = None  # type: ignore[assignment]  # the database gives the next attempt its id
                 continue
         raise RuntimeError(f"run {row.run_id}: no free trial number after 100 attempts")
 
@@ -331,7 +336,7 @@ class Ledger:
         with self.session() as s:
             return s.execute(text(sql)).scalar_one() + "+00:00"
 
-    def claim(self, model: type[Base], id_: int, expect: dict, **values: Any) -> bool:
+    def claim(self, model: type[Run] | type[Trial] | type[Worker], id_: int | str, expect: dict, **values: Any) -> bool:
         """Update one row only if its columns still hold `expect`: True for the one writer that did it
         (how a lost worker's trial is recorded as interrupted once, whoever notices)."""
         for field in ("status", "decision") if model is Trial else ():
@@ -339,7 +344,7 @@ class Ledger:
                 states.check_move(None, field, expect[field], values[field])
         with self.session.begin() as s:
             q = update(model).where(model.id == id_, *(getattr(model, k) == v for k, v in expect.items()))
-            return s.execute(q.values(**values)).rowcount == 1
+            return _changed(s.execute(q.values(**values))) == 1
 
     def record_result(self, row: Trial, repeats: list[float], **values: Any) -> bool:
         """A running trial's result: its figures and its server's measured phases in one transaction
@@ -347,7 +352,7 @@ class Ledger:
         states.check_move(row.number, "status", states.Status.RUNNING, values["status"])
         with self.session.begin() as s:
             q = update(Trial).where(Trial.id == row.id, Trial.status == states.Status.RUNNING)
-            if s.execute(q.values(**values)).rowcount != 1:
+            if _changed(s.execute(q.values(**values))) != 1:
                 return False
             s.add_all(Repeat(trial_id=row.id, instance=0, figure=x) for x in repeats)
         for key, value in values.items():   # the row in memory as written: no read back
@@ -369,14 +374,14 @@ class Ledger:
                 states.check_move(row.number, field, getattr(row, field), values[field])
         with self.session.begin() as s:
             q = update(Trial).where(Trial.id == row.id, Trial.status == row.status, Trial.decision == row.decision)
-            if s.execute(q.values(**values)).rowcount != 1:
+            if _changed(s.execute(q.values(**values))) != 1:
                 raise states.Superseded(f"trial {row.number}: moved by another process since it was read (it was "
                                         f"{row.status}, decision {row.decision}); this write is dropped")
         for key, value in values.items():
             setattr(row, key, value)
         return row
 
-    def update(self, row: Base, **values: Any) -> Base:
+    def update(self, row: RowT, **values: Any) -> RowT:
         """A run's or a worker's write (a trial's goes through `transition`)."""
         if isinstance(row, Trial):
             raise TypeError("a trial is written through Ledger.transition")
@@ -387,7 +392,7 @@ class Ledger:
         if unknown := sorted(set(values) - set(row.__table__.columns.keys())):
             raise ValueError(f"{row.__tablename__} has no column {unknown[0]!r}")
 
-    def _write(self, row: Base, values: dict) -> Base:
+    def _write(self, row: RowT, values: dict) -> RowT:
         self._columns(row, values)
         with self.session.begin() as s:
             for key, value in values.items():
@@ -398,6 +403,13 @@ class Ledger:
     def run(self, run_id: str) -> Run | None:
         with self.session() as s:
             return s.get(Run, run_id)
+
+    def run_now(self, run: Run) -> Run:
+        """A run's row as the database holds it now (another process may have written it since)."""
+        row = self.run(run.id)
+        if row is None:
+            raise LookupError(f"run {run.id} is no longer in {self.where}")
+        return row
 
     def runs(self) -> list[Run]:
         with self.session() as s:
@@ -466,19 +478,24 @@ class Ledger:
                     conn.rollback()
         import sqlite3
 
-        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
         try:
-            cur = conn.execute(query)
-            return [d[0] for d in cur.description or []], cur.fetchall()
+            rows = db.execute(query)
+            return [d[0] for d in rows.description or []], rows.fetchall()
         finally:
-            conn.close()
+            db.close()
+
+
+def _changed(result: Any) -> int:
+    """The rows an UPDATE changed (a CursorResult's rowcount; SQLAlchemy types execute's result as Result)."""
+    return result.rowcount
 
 
 def as_dict(row: Base) -> dict:
     return {c.name: getattr(row, c.name) for c in row.__table__.columns}
 
 
-def to_json(rows: list[Base]) -> str:
+def to_json(rows: Sequence[Base]) -> str:
     return json.dumps([as_dict(r) for r in rows], indent=2, default=str)
 
 

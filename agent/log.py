@@ -8,7 +8,7 @@ from pathlib import Path
 import structlog
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from agent import objective, refusals
 from agent.budget import plan_line
@@ -91,7 +91,9 @@ class PhaseDisplay:
     event lines above it stay one per event."""
 
     def __init__(self, console: Console):
-        self.console, self.progress, self.task = console, None, None
+        self.console = console
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
 
     def show(self, text: str) -> None:
         if self.progress is None:
@@ -100,6 +102,7 @@ class PhaseDisplay:
             self.progress.start()
             self.task = self.progress.add_task(text)
         else:
+            assert self.task is not None
             self.progress.reset(self.task, description=text)
 
     def close(self) -> None:
@@ -134,5 +137,5 @@ def event_logger(path: Path, console: Console) -> Callable[..., None]:
             except OSError:   # the terminal is gone (a dropped SSH session): events.jsonl still has it
                 pass
 
-    say.close = live.close if live is not None else (lambda: None)
+    say.close = live.close if live is not None else (lambda: None)  # type: ignore[attr-defined]  # Part.close
     return say

@@ -140,7 +140,7 @@ def work(ctx: RunContext, seams: Seams, storage, me: Worker, lost: Callable[[], 
     study = studies.open(run.id, storage, ctx.settings.seed, ctx.settings.sampler)
     repeats_in_a_row = 0
     while not lost():
-        if ledger.run(run.id).status != "running":
+        if ledger.run_now(run).status != "running":
             break
         now = Snapshot.read(ctx, ledger)
         if now.over(ctx):
@@ -218,7 +218,7 @@ def wait_for(ledger: Ledger, run: Run, ready: Callable[[Run], object], say: Call
     """Poll the run's row until ready(row) is truthy (returned), or None once the run is no longer going."""
     said = False
     while True:
-        row = ledger.run(run.id)
+        row = ledger.run_now(run)
         if (value := ready(row)) or row.status != "running" or clock.seconds_left(row.deadline_at) <= 0:
             return value or None
         if not said:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from agent import objective
 from agent.ledger import LearnedRule
@@ -34,7 +34,7 @@ def pareto(points: list[tuple[float, float, int]]) -> set[int]:
     return front
 
 
-def _table(headers: list[str], rows: list[list[object]], raw: set[int] = frozenset()) -> str:
+def _table(headers: list[str], rows: Sequence[Sequence[object]], raw: frozenset[int] = frozenset()) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c if i in raw else html.escape('' if c is None else str(c))}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
@@ -90,12 +90,12 @@ def _versus(trials: list[TrialView], x_of: Callable[[TrialView], float | None], 
     fig = go.Figure()
     if not pts:
         fig.add_annotation(text="no candidate has both figures yet", showarrow=False)
-    front = pareto([(t.search_ratio, x_of(t), t.number) for t in pts])
+    front = pareto([(t.search_ratio or 0.0, x_of(t) or 0.0, t.number) for t in pts])
     rest = [t for t in pts if t.number not in front]
     fig.add_trace(go.Scatter(x=[x_of(t) for t in rest], y=[t.search_ratio for t in rest], mode="markers",
                              name="trials", marker=dict(color="steelblue", size=10),
                              hovertext=[_label(t) for t in rest], hoverinfo="text"))
-    on = sorted((t for t in pts if t.number in front), key=x_of)
+    on = sorted((t for t in pts if t.number in front), key=lambda t: x_of(t) or 0.0)
     fig.add_trace(go.Scatter(x=[x_of(t) for t in on], y=[t.search_ratio for t in on], mode="lines+markers",
                              name="Pareto front", marker=dict(color="crimson", size=12, symbol="star"),
                              hovertext=[_label(t) for t in on], hoverinfo="text"))
@@ -154,19 +154,20 @@ def branch_section(run: RunView, trials: list[TrialView], show: Callable[[str, s
         return "<p>No config was accepted in this run.</p>"
     parts = []
     for t in accepted:
-        launch = show(t.branch, "serving/launch.sh") or ""
+        branch = t.branch or ""
+        launch = show(branch, "serving/launch.sh") or ""
         flips = ", ".join(f"prompt {f.get('prompt')} pos {f.get('position')} ({f.get('margin', 0):.3f} nats)"
                           for f in (t.flips or [])[:12] if isinstance(f, dict))
         parts.append(
-            f"<div class='branch'><h3>{html.escape(t.branch)}: {html.escape(_claim(t))}</h3>"
+            f"<div class='branch'><h3>{html.escape(branch)}: {html.escape(_claim(t))}</h3>"
             f"<p>search {t.search_ratio:.3f}x, {t.figure:.2f} {objective.of(t.meter).unit} against {run.baseline_figure:.2f}; perplexity "
             f"{(t.ppl_change or 0):+.2%}; greedy agreement {(t.agreement or 0):.0%} under the {html.escape(t.rule or '')} "
             f"rule; {len(t.flips or [])} near-tie flip(s){': ' + html.escape(flips) if flips else ''}</p>"
             f"<p>{html.escape(t.rationale or '')}</p>"
             f"<p>Serve it exactly as measured (environment included; on the CPU build the win can be an "
             f"environment variable, which a bare <code>vllm serve</code> would miss):</p>"
-            f"<pre>git -C {html.escape(run.repo)} worktree add /tmp/{html.escape(t.branch.replace('/', '-'))} "
-            f"{html.escape(t.branch)}\nsh /tmp/{html.escape(t.branch.replace('/', '-'))}/serving/launch.sh</pre>"
+            f"<pre>git -C {html.escape(run.repo or '')} worktree add /tmp/{html.escape(branch.replace('/', '-'))} "
+            f"{html.escape(branch)}\nsh /tmp/{html.escape(branch.replace('/', '-'))}/serving/launch.sh</pre>"
             f"<details><summary>serving/launch.sh</summary><pre>{html.escape(launch)}</pre></details></div>")
     return "".join(parts)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def crew_lines(workers: list[Worker], trials: list[TrialView]) -> list[str]:
 
 
 def describe(run: RunView, trials: list[TrialView], home: Path, now: datetime | None = None,
-             workers: list[Worker] = ()) -> list[str]:
+             workers: Sequence[Worker] = ()) -> list[str]:
+    workers = list(workers)
     now = now or datetime.now(UTC)
     started, deadline = datetime.fromisoformat(run.started_at), datetime.fromisoformat(run.deadline_at)
     pid = lock_holder(home) if run.status == "running" else None

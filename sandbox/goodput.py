@@ -82,7 +82,7 @@ class Goodput:
 
 def lower_bound(found: dict | None) -> bool:
     """Whether a goodput (Goodput.as_dict, as a trial records it) is only a lower bound: no load broke."""
-    return bool(found) and (found.get("bounds") or [0, 0])[-1] is None
+    return found is not None and bool(found) and (found.get("bounds") or [0, 0])[-1] is None
 
 
 def point(rate: float, result: BenchResult, slo: Slo) -> Point:

@@ -352,7 +352,8 @@ def _conversation(item: dict, turns: list[dict], line: int, count_tokens: Callab
     turn), its max_tokens the length of reply j. Its first turn must pass vLLM's rule; a later reply
     of no tokens ends it."""
     conversation = str(item["id"]) if isinstance(item.get("id"), (str, int)) and item.get("id") != "" else f"line {line}"
-    out, history = [], []
+    out: list = []
+    history: list[dict] = []
     for j in range(0, len(turns) - 1, 2):
         prompt, reply = turns[j]["value"], turns[j + 1]["value"]
         if count_tokens is None:
@@ -410,7 +411,7 @@ def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
                 r = requests[stamped.index(False)]
                 raise TrafficError(f"{path}:{r.line}: no timestamp, though other requests of this trace have one")
             for a, b in zip(requests, requests[1:], strict=False):
-                if b.timestamp < a.timestamp:
+                if (b.timestamp or 0.0) < (a.timestamp or 0.0):   # every one stamped: checked above
                     raise TrafficError(f"{path}:{b.line}: timestamp {b.timestamp} is before line {a.line}'s "
                                        f"{a.timestamp}: a trace's requests must be in time order")
     if not requests:
