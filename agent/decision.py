@@ -47,10 +47,12 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
                   gate_reasons=verdict.reasons, search_ratio=verdict.search_ratio, ppl_change=verdict.ppl_change,
                   agreement=verdict.agreement, kl=verdict.kl, flips=[f.as_dict() for f in verdict.flips] or None,
                   rule=rule, drift=base.drift, constraint=constraint,
-                  search_interval=[round(verdict.search.low, 4), round(verdict.search.high, 4)] if verdict.search else None,
+                  search_interval=[round(verdict.search.low, 4),
+                                   round(verdict.search.high, 4)] if verdict.search else None,
                   figure_corrected=round(row.figure / base.drift, 3) if row.figure else None,
                   decision="failed" if not result.ok else
-                  ("awaiting_recheck" if verdict.passed and settings.recheck else None if verdict.passed else "refused"))
+                  ("awaiting_recheck" if verdict.passed and settings.recheck
+                   else None if verdict.passed else "refused"))
     if result.ok and verdict.passed:
         decide_passed(ctx, seams, row, base, history, coordinator)
     seams.say("result", number=row.number, row=row)
@@ -60,7 +62,8 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
 def unjudged(history: list[Trial]) -> list[Trial]:
     """Candidates measured and recorded but never gated: a crash between the two writes (window 1 of
     docs/RELIABILITY.md). Every candidate the gate saw has a decision."""
-    return [t for t in history if t.source in CANDIDATES and t.status in (Status.OK, Status.PRUNED) and t.decision is None]
+    return [t for t in history
+            if t.source in CANDIDATES and t.status in (Status.OK, Status.PRUNED) and t.decision is None]
 
 
 def unbranched(history: list[Trial]) -> list[Trial]:
@@ -141,7 +144,8 @@ def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> 
     if p := result.pruned:
         decision = "pruned"
         why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper']:.2f} "
-               f"{objective.of(row.meter).unit}, below {p['below']:.2f} (the defaults' {base.figure * base.drift:.2f} less the "
+               f"{objective.of(row.meter).unit}, below {p['below']:.2f} "
+               f"(the defaults' {base.figure * base.drift:.2f} less the "
                f"spread of one instance at {gate.PRUNE_LEVEL:.1%})")
     else:
         decision = "speed-only"

@@ -67,7 +67,8 @@ def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
     ok = [t for t in history if t.source in DEFAULTS and t.status == Status.OK]
     # A further device's instance is one more draw of the defaults: the spread between devices becomes
     # part of the noise every candidate is judged with, whichever device it ran on (docs/scale-out.md).
-    instances = [t for t in ok if t.source in (Source.BASELINE, Source.DEVICE) or (t.source == Source.DRIFT and t.drift == 1.0)]
+    instances = [t for t in ok
+                 if t.source in (Source.BASELINE, Source.DEVICE) or (t.source == Source.DRIFT and t.drift == 1.0)]
     aa = next((t for t in ok if t.source == Source.AA), None)
     extras = [t.heldout_figure for t in ok if t.source == Source.EXTRA and t.heldout_figure]
     base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras),
@@ -125,7 +126,8 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
         plan = None
     for t in history:
         if t.source == Source.BASELINE and t.status == Status.OK and t.figure is not None and t.ppl is not None:
-            ledger.transition(t, search_ratio=round(t.figure / base.figure, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
+            ledger.transition(t, search_ratio=round(t.figure / base.figure, 4),
+                          ppl_change=round(t.ppl / base.ppl - 1, 5),
                           gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
     noise = base.measured_noise   # what this machine showed; the bounds add the space's prior (base.noise)
     ledger.update(run, baseline_figure=round(base.figure, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
@@ -203,8 +205,10 @@ def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> 
             took = [t.timings.get("total_s", 0) for t in ledger.trials(run.id)
                     if t.source in DEFAULTS and t.status == Status.OK]
             per = f"; an instance took {max(took) / 60:.1f} min here" if took else ""
-            raise BaselineFailed(f"the budget ended while the defaults were measured ({len(took)} instance(s) done{per}): "
-                                 f"the baseline and the A/A check need {ctx.settings.baseline_instances + 1} before any "
+            raise BaselineFailed(f"the budget ended while the defaults were measured "
+                                 f"({len(took)} instance(s) done{per}): "
+                                 f"the baseline and the A/A check need "
+                                 f"{ctx.settings.baseline_instances + 1} before any "
                                  f"candidate; give a longer --budget")
         raise BaselineFailed(f"the defaults failed ({failure.klass}): {failure.message}")
     for figures in (result.bench, result.bench_heldout):
@@ -237,7 +241,8 @@ def check_drift(ctx: RunContext, seams: Seams, base: Baseline) -> None:
     c = compare([row.figure], base.search, base.noise, ctx.settings.gate.level)
     moved = (c.low > 1 or c.high < 1) and abs(c.ratio - 1) > DRIFT_MIN
     drift = round(c.ratio, 4) if moved else 1.0
-    seams.ledger.transition(row, drift=drift, figure_corrected=round(row.figure / drift, 3), search_ratio=round(c.ratio, 4),
+    seams.ledger.transition(row, drift=drift, figure_corrected=round(row.figure / drift, 3),
+                        search_ratio=round(c.ratio, 4),
                         search_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=None, decision="drift",
                         constraint=0.0,
                         gate_reasons=[f"drift check: defaults now at {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of "

@@ -107,7 +107,8 @@ class WorkerEngine:
         try:
             result = read_result(out)
         except (OSError, ResultError) as e:
-            tail = (trial_dir / "worker.log").read_text(errors="replace")[-2000:] if (trial_dir / "worker.log").exists() else ""
+            tail = ((trial_dir / "worker.log").read_text(errors="replace")[-2000:]
+                    if (trial_dir / "worker.log").exists() else "")
             killed = reap(progress)  # the worker died without its teardown: its server may still run
             why = "wrote no result" if isinstance(e, OSError) else f"wrote no readable result ({e})"
             result = failed_result("worker_error", f"the worker {why} (exit {proc.returncode})"

@@ -384,7 +384,8 @@ def baseline_of(instances: list[Instance], settings: GateSettings, extras: tuple
     measured = [*instances, *([aa] if aa else [])]   # every instance measured on the search prompts
     ppls = [i.ppl for i in measured if i.ppl]
     heldout = [*([aa.heldout_figure] if aa and aa.heldout_figure else []), *extras]
-    return Baseline(search=[i.figure for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls), reference=reference,
+    return Baseline(search=[i.figure for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls),
+                    reference=reference,
                     calibration=calibrate(reference, others, settings.exact),
                     noise_groups=(tuple(heldout),) if heldout else (), unscreened=(aa.figure,) if aa else (),
                     prior=settings.noise_prior,

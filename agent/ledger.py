@@ -75,7 +75,8 @@ class Run(Base):
     settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     baseline_figure: Mapped[float | None] = mapped_column(Float)
     baseline_ppl: Mapped[float | None] = mapped_column(Float)
-    noise: Mapped[float | None] = mapped_column(Float)     # pooled log-sd of the figure between instances of the defaults
+    # pooled log-sd of the figure between instances of the defaults
+    noise: Mapped[float | None] = mapped_column(Float)
     noise_df: Mapped[int | None] = mapped_column(Integer)  # its degrees of freedom
     calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON)   # greedy rule, tau, A/A verdict, engine defaults
     # The coordinator that last took the run up (host/pid/token): a resume swaps it only if it still
@@ -90,7 +91,8 @@ class Trial(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     number: Mapped[int] = mapped_column(Integer)
-    source: Mapped[str] = mapped_column(String)   # baseline, aa, extra, drift (instances of the defaults), planner, sampler
+    # baseline, aa, extra, drift (instances of the defaults), planner, sampler
+    source: Mapped[str] = mapped_column(String)
     optuna_number: Mapped[int | None] = mapped_column(Integer)
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)   # the point of the space
     flags: Mapped[dict[str, Any]] = mapped_column(default=dict)    # what reached vLLM
@@ -136,7 +138,8 @@ class Trial(Base):
     log_path: Mapped[str | None] = mapped_column(String)
     rationale: Mapped[str | None] = mapped_column(Text)
     meter: Mapped[dict[str, Any]] = mapped_column(default=dict)     # workload name, version, hash
-    measured: Mapped[dict[str, Any] | None] = mapped_column(JSON)   # latencies, repeats, engine, hardware: for the branch
+    # latencies, repeats, engine, hardware: for the branch
+    measured: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     worker_id: Mapped[int | None] = mapped_column(Integer)         # the worker (process on a device) that ran it
     started_at: Mapped[str] = mapped_column(String, default=utcnow)
     finished_at: Mapped[str | None] = mapped_column(String)
@@ -473,7 +476,8 @@ class Ledger:
                 conn.execute(text("SET TRANSACTION READ ONLY"))
                 try:
                     cur = conn.exec_driver_sql(query)
-                    return list(cur.keys()) if cur.returns_rows else [], [tuple(r) for r in cur] if cur.returns_rows else []
+                    return (list(cur.keys()) if cur.returns_rows else [],
+                            [tuple(r) for r in cur] if cur.returns_rows else [])
                 finally:
                     conn.rollback()
         import sqlite3

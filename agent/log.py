@@ -18,7 +18,8 @@ from sandbox.contract import goodput_lower_bound
 
 def _line(event: str, info: dict) -> str | None:
     if event == "run":
-        return f"run {info['id']}: budget {info['budget']} (until {info['deadline']}), {info['space']}, {info['workload']}"
+        return (f"run {info['id']}: budget {info['budget']} (until {info['deadline']}), "
+                f"{info['space']}, {info['workload']}")
     if event == "trial":
         params = refusals.describe(info["params"]) or "engine defaults"
         best = f"best {info['best']:.3f}x" if info.get("best") else "no accepted config yet"
@@ -34,7 +35,8 @@ def _line(event: str, info: dict) -> str | None:
                 if cal["rule"] == "calibrated" else "greedy rule exact")
         prior = (f"; with the space's prior ±{info['prior'][0]:.1%} worth {info['prior'][1]} df, bounds use "
                  f"±{info['bound_noise']:.1%}" if info.get("prior") and info["prior"][1] else "")
-        return escape(f"baseline: {info['figure']:.2f} {info.get('unit', 'tok/s')} (instances {instances}; noise ±{info['noise']:.1%} "
+        return escape(f"baseline: {info['figure']:.2f} {info.get('unit', 'tok/s')} "
+                      f"(instances {instances}; noise ±{info['noise']:.1%} "
                       f"log-sd, {info['df']} df{prior}), ppl {info['ppl']:.4f}; {rule}")
     if event == "plan":
         return escape(plan_line(info))
@@ -50,7 +52,8 @@ def _line(event: str, info: dict) -> str | None:
         t = info["row"]
         u = objective.of(t.meter).unit
         if t.decision == Decision.SPEED_ONLY:
-            return f"trial {t.number}: {t.figure:.2f} {u} ({t.search_ratio:.3f}x); rejected: {escape(t.gate_reasons[0])}"
+            return (f"trial {t.number}: {t.figure:.2f} {u} ({t.search_ratio:.3f}x); "
+                    f"rejected: {escape(t.gate_reasons[0])}")
         if t.status == Status.PRUNED:
             return f"trial {t.number} [yellow]pruned[/] at {t.figure:.2f} {u}: {escape((t.gate_reasons or [''])[0])}"
         if t.status != Status.OK:

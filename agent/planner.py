@@ -131,7 +131,8 @@ def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
     then led), halved first when not; a k measured already is not proposed again."""
     knob = space.knobs["speculative-config.num_speculative_tokens"]
     low, high = (int(x) for x in knob.range)
-    best = max((t for t in history if t.params == start and t.status == Status.OK), key=lambda t: t.number, default=None)
+    best = max((t for t in history if t.params == start and t.status == Status.OK), key=lambda t: t.number,
+               default=None)
     k = start.get("speculative-config.num_speculative_tokens", 4)
     if best is None:
         return
@@ -228,7 +229,8 @@ def _slo_that_broke(history: list[Trial], facts: dict | None = None) -> tuple[st
             continue
         g = (t.measured or {}).get("goodput") or {}
         if g.get("bounds"):
-            broke = next((p for p in g.get("points") or [] if p.get("rate") == g["bounds"][-1] and not p.get("held")), None)
+            broke = next((p for p in g.get("points") or []
+                          if p.get("rate") == g["bounds"][-1] and not p.get("held")), None)
             if broke is None:
                 continue
             names = {m.split()[0] for m in broke.get("misses") or []}
@@ -345,7 +347,8 @@ class BuiltinPlanner:
             # short first move would have been; one slower than the defaults ends speculation's first moves.
             tried = [t for t in history if t.params == move]
             if k != 4 and tried and all(t.search_ratio is None or t.search_ratio >= 1 for t in tried):
-                yield ({**move, "speculative-config.num_speculative_tokens": 4, "speculative-config.prompt_lookup_max": 4},
+                yield ({**move, "speculative-config.num_speculative_tokens": 4,
+                        "speculative-config.prompt_lookup_max": 4},
                        f"k={k} (trial {tried[-1].number}) was not accepted; the shorter draft (k=4, lookup 2..4) on "
                        f"top of {basis}, {evidence}", "fewer wasted drafts than k=8 where fewer are accepted")
             return
@@ -374,13 +377,15 @@ class BuiltinPlanner:
             if new > seqs:
                 ran = f" and ran {running:.1f} requests a step on average of max-num-seqs {seqs}" if running else ""
                 yield ({**start, "max-num-seqs": new, **tokens},
-                       f"{said}{ran}: admit {new} sequences a step on top of {basis}", "higher throughput, a shorter queue")
+                       f"{said}{ran}: admit {new} sequences a step on top of {basis}",
+                       "higher throughput, a shorter queue")
             return
         budget = int(start.get(knob.name, _default_batched_tokens(facts)))
         if 2 * budget <= knob.high:
             yield ({**start, knob.name: 2 * budget},
                    f"{said}, with {running:.1f} requests a step on average, well under max-num-seqs {seqs}: the "
-                   f"token budget a step ({budget}) binds; double it on top of {basis}", "a shorter queue, a lower TTFT")
+                   f"token budget a step ({budget}) binds; double it on top of {basis}",
+                   "a shorter queue, a lower TTFT")
 
     @staticmethod
     def _graph_sizes(space, start, basis, history, measured, facts):

@@ -230,7 +230,8 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
             requests, named = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
         meter = with_arrivals(meter, settings)
         meter.check(settings["repeats"])
-        longest = traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens) if tokens else None
+        longest = (traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens)
+                   if tokens else None)
     except TrafficError as e:
         shutil.rmtree(home / run_id, ignore_errors=True)   # the copy of a run that never started
         raise RunError(str(e) if str(e).startswith("--") else f"--traffic: {e}" if traffic else f"--workload: {e}") \
@@ -356,7 +357,8 @@ def load_space(name: str, draft_models: list[str], exact: bool = False,
         from agent import drafts
 
         space = drafts.add_drafts(space, draft_models)
-    if max_model_len:   # the context length the run's traffic needs (agent.traffic.context_length), last as at the start
+    # the context length the run's traffic needs (agent.traffic.context_length), last as at the start
+    if max_model_len:
         space = space.with_fixed_flag("max-model-len", max_model_len)
     return space
 

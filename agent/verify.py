@@ -115,7 +115,8 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
         "band": [round(band[0], 4), round(band[1], 4)], "ratio": round(c.ratio, 4),
         "interval": [round(c.low, 4), round(c.high, 4)], "rounds": len(figures["candidate"]),
         "recorded_ratio": claim["search_ratio"], "unit": objective.of_run(run).unit,
-        "defaults_figures": figures["defaults"], "candidate_figures": figures["candidate"], "noise_log_sd": round(noise.sd, 5), "noise_df": noise.df,
+        "defaults_figures": figures["defaults"], "candidate_figures": figures["candidate"],
+        "noise_log_sd": round(noise.sd, 5), "noise_df": noise.df,
     }
 
 

@@ -331,7 +331,8 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
         start = time.perf_counter()
         times = offsets if offsets is not None else [None] * len(requests)
         results = await asyncio.wait_for(
-            asyncio.gather(*(bounded(i, r, at) for i, (r, at) in enumerate(zip(requests, times, strict=False)))), timeout_s)
+            asyncio.gather(*(bounded(i, r, at) for i, (r, at) in enumerate(zip(requests, times, strict=False)))),
+            timeout_s)
         return [r for r in results if r is not None], time.perf_counter() - start
     finally:
         await session.close()

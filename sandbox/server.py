@@ -206,7 +206,8 @@ class Server:
             except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
                 continue
         if self.proc is not None:
-            procs.update({p.pid: p for p in session_members(self.proc.pid, since=self.started - 1) if p.pid not in procs})
+            procs.update({p.pid: p for p in session_members(self.proc.pid, since=self.started - 1)
+                          if p.pid not in procs})
         return [p for p in procs.values() if _running(p)]
 
     def titles(self) -> dict[int, str]:

@@ -106,7 +106,8 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
                start: float | None = None, give_up_below: float | None = None) -> Figures:
     """The objective goodput on one server: rate points, each a fresh draw of the workload's split on
     the same seeded arrival pattern scaled to its rate (sandbox.goodput), from `start`, a figure
-    measured before (default: the profile's rate, doubling from there). The instance's figure is the highest rate that held its SLOs; the latencies
+    measured before (default: the profile's rate, doubling from there). The instance's figure is the highest rate
+    that held its SLOs; the latencies
     shown are that point's. on_point hears of a point before it is measured, on_measured gets it
     once judged (a cut search keeps what it saw)."""
     draws = iter(range(workload.rate_points()))
@@ -336,7 +337,8 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
                       "window_tokens": counted if windowed else None,
                       "objective": objective, "figure": figure_of(reps, objective),
                       "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
-                      "repeat_hits": sum(r.repeat_hits for r in reps), "repeat_words": sum(r.repeat_words for r in reps),
+                      "repeat_hits": sum(r.repeat_hits for r in reps),
+                      "repeat_words": sum(r.repeat_words for r in reps),
                       "repeat_figures": [figure_of([r], objective) for r in reps],
                       "draw_hashes": [r.draw_hash for r in reps]})
 

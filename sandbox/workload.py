@@ -1,6 +1,7 @@
 """Workload profiles and quality sets: the fixed harness a trial is measured with.
 
-Profiles and texts are data under sandbox/data/ (the agent reads them from here too). Each loaded profile carries a hash of everything
+Profiles and texts are data under sandbox/data/ (the agent reads them from here too). Each loaded profile
+carries a hash of everything
 that decides its figures (the profile's fields and the exact prompts), so two figures are only
 ever compared when they came from the same meter.
 """
@@ -243,7 +244,8 @@ class Workload:
 
     @property
     def hash(self) -> str:
-        profile = {k: v for k, v in asdict(self).items() if k not in ("traffic", "chat_template")  # paths differ by host
+        # paths differ by host
+        profile = {k: v for k, v in asdict(self).items() if k not in ("traffic", "chat_template")
                    and not (k in ARRIVAL_FIELDS and v == Workload.__dataclass_fields__[k].default)}  # older hashes hold
         payload = json.dumps({"profile": profile, "requests": [r.key for r in self.pool()],
                               "warmups": [r.key for r in self.pool("search")[:self.warmup_count()]],
