@@ -66,7 +66,7 @@ class Target:
 
 def read_freeze(path: Path) -> dict[str, str]:
     """`pip freeze` output: name==version lines; editable installs, comments and URLs are skipped."""
-    installed = {}
+    installed: dict[str, str] = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line or line.startswith("-") or " @ " in line:
@@ -94,14 +94,16 @@ def interpreter(version: str) -> str:
     if version == f"{sys.version_info.major}.{sys.version_info.minor}":
         return sys.executable
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    candidates = [shutil.which(f"python{version}"), *sorted(pyenv.glob(f"{version}.*/bin/python{version}"), reverse=True)]
+    candidates = [shutil.which(f"python{version}"),
+                  *sorted(pyenv.glob(f"{version}.*/bin/python{version}"), reverse=True)]
     for found in filter(None, candidates):
         if subprocess.run([str(found), "-c", f"import sys; assert '%d.%d' % sys.version_info[:2] == '{version}'"],
                           capture_output=True).returncode == 0:
             return str(found)
     raise BundleError(f"--python {version}: pip reads each package's markers (python_version > \"3.11\") with the "
                       f"Python it runs on, so resolving for a {version} target needs a python{version} here (none on "
-                      f"PATH or in pyenv); install one (pyenv install {version}, apt install python{version}) and run again")
+                      f"PATH or in pyenv); install one (pyenv install {version}, apt install python{version}) "
+                      f"and run again")
 
 
 def stub_environment(where: Path, installed: dict[str, str], python: str = sys.executable) -> Path:

@@ -120,8 +120,8 @@ def cache_paths(home: Path) -> list[Path]:
 
 def host_problems(home: Path) -> list[Problem]:
     engine, devices = engine_info()["name"], gpus()
-    found = [engine_matches_host(engine, devices)]
+    found: list[Problem | None] = [engine_matches_host(engine, devices)]
     if engine is not None:
         found.append(engine_imports())
-    found += gpu_memory_free() + [transformers_recent()] + disk_free(cache_paths(home))
+    found += [*gpu_memory_free(), transformers_recent(), *disk_free(cache_paths(home))]
     return [p for p in found if p is not None]

@@ -106,18 +106,22 @@ def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the fo
 @traffic_app.command("random")
 def traffic_random(
     out: Path = typer.Argument(..., help="The traffic file to write (JSONL of OpenAI completions bodies)."),
-    input_len: int = typer.Option(256, help="Mean prompt length in the model's tokens (vllm bench serve --random-input-len)."),
+    input_len: int = typer.Option(256, help="Mean prompt length in the model's tokens "
+                                            "(vllm bench serve --random-input-len)."),
     output_len: int = typer.Option(128, help="Mean output length in tokens (--random-output-len)."),
-    range_ratio: float = typer.Option(0.0, help="Lengths uniform within this share of the means (--random-range-ratio)."),
+    range_ratio: float = typer.Option(0.0, help="Lengths uniform within this share of the means "
+                                                "(--random-range-ratio)."),
     num_prompts: int = typer.Option(1000, help="How many requests (a goodput search wants hundreds)."),
     seed: int = typer.Option(0, help="The draw's seed: the same seed, model and lengths write the same file."),
-    ignore_eos: bool = typer.Option(True, help="Generate each output to its drawn length (random prompts end anywhere)."),
+    ignore_eos: bool = typer.Option(True, help="Generate each output to its drawn length "
+                                               "(random prompts end anywhere)."),
     temperature: float = typer.Option(None, help="Sampling temperature (default: the server's, as vllm bench serve)."),
     rate: float = typer.Option(None, help="Write a trace: each request a timestamp, this many requests/s on average "
                                           "(for --arrivals trace)."),
     burstiness: float = typer.Option(1.0, help="With --rate: the gaps' gamma shape, 1 Poisson, below 1 burstier "
                                                "(vllm bench serve --burstiness)."),
-    model: str = typer.Option("embedded", help="Model folder whose tokenizer counts the lengths; 'embedded' is Gemma 3 270M."),
+    model: str = typer.Option("embedded", help="Model folder whose tokenizer counts the lengths; "
+                                               "'embedded' is Gemma 3 270M."),
 ) -> None:
     """Write a synthetic traffic file from prompt and output length distributions, drawn by vLLM's
     random dataset: for `agent run --traffic FILE` until real traffic exists (docs/traffic.md)."""
@@ -260,7 +264,8 @@ def verify(
 
 @app.command()
 def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest)."),
-           html_file: Path = typer.Option(None, "--html", help="Write one self-contained HTML page with plots.")) -> None:
+           html_file: Path = typer.Option(None, "--html",
+                                          help="Write one self-contained HTML page with plots.")) -> None:
     """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""
     ledger = open_ledger()
     row = chosen_run(ledger, run_id)

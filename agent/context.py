@@ -68,10 +68,12 @@ def settings_of(run: Run) -> Settings:
     agents kept flat); what a row lacks reads as its default. On another host the model, the home and
     the facts are that host's: the caller replaces them."""
     o = run.settings or {}
-    held = o.get("gate") if isinstance(o.get("gate"), dict) else {}
+    held: dict[str, Any] = o["gate"] if isinstance(o.get("gate"), dict) else {}
     known = {f.name for f in fields(GateSettings)}   # a gate kept by an older agent may lack the newer ones
-    gate = GateSettings(**{k: v for k, v in held.items() if k in known and k != "noise_prior"},
-                        **({"noise_prior": Noise(**held["noise_prior"])} if "noise_prior" in held else {}))
+    kept_gate: dict[str, Any] = {k: v for k, v in held.items() if k in known and k != "noise_prior"}
+    if "noise_prior" in held:
+        kept_gate["noise_prior"] = Noise(**held["noise_prior"])
+    gate = GateSettings(**kept_gate)
     kept = {f.name: o[f.name] for f in fields(Settings) if f.name in o and f.name not in ("gate", "home")}
     return Settings(**{"model": "", "workload": run.workload, **kept, "gate": gate,
                        "home": Path(o["home"]) if o.get("home") else None})

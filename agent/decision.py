@@ -39,7 +39,7 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
     settings, ledger = ctx.settings, seams.ledger
     if result.status == "pruned" or result.quality_skipped:
         return cut_short(seams, row, result, base)
-    verdict = gate.check(result, base, row.lossless, settings.gate)
+    verdict = gate.check(result, base, bool(row.lossless), settings.gate)
     constraint = gate.constraint(verdict, result, settings.gate)
     rule = (base.calibration.rule + (f", tau {base.calibration.tau:.3f}" if base.calibration.rule == "calibrated"
                                      else "")) if row.lossless else "lossy: greedy outputs not required"
@@ -47,10 +47,12 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
                   gate_reasons=verdict.reasons, search_ratio=verdict.search_ratio, ppl_change=verdict.ppl_change,
                   agreement=verdict.agreement, kl=verdict.kl, flips=[f.as_dict() for f in verdict.flips] or None,
                   rule=rule, drift=base.drift, constraint=constraint,
-                  search_interval=[round(verdict.search.low, 4), round(verdict.search.high, 4)] if verdict.search else None,
+                  search_interval=[round(verdict.search.low, 4),
+                                   round(verdict.search.high, 4)] if verdict.search else None,
                   figure_corrected=round(row.figure / base.drift, 3) if row.figure else None,
                   decision="failed" if not result.ok else
-                  ("awaiting_recheck" if verdict.passed and settings.recheck else None if verdict.passed else "refused"))
+                  ("awaiting_recheck" if verdict.passed and settings.recheck
+                   else None if verdict.passed else "refused"))
     if result.ok and verdict.passed:
         decide_passed(ctx, seams, row, base, history, coordinator)
     seams.say("result", number=row.number, row=row)
@@ -60,7 +62,8 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
 def unjudged(history: list[Trial]) -> list[Trial]:
     """Candidates measured and recorded but never gated: a crash between the two writes (window 1 of
     docs/RELIABILITY.md). Every candidate the gate saw has a decision."""
-    return [t for t in history if t.source in CANDIDATES and t.status in (Status.OK, Status.PRUNED) and t.decision is None]
+    return [t for t in history
+            if t.source in CANDIDATES and t.status in (Status.OK, Status.PRUNED) and t.decision is None]
 
 
 def unbranched(history: list[Trial]) -> list[Trial]:
@@ -136,11 +139,13 @@ def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> 
     defaults (`pruned`; Optuna hears PRUNED with the partial ratio), or run to the end but not faster
     than them (`speed-only`: no quality verdict could change the outcome). Feasible for Optuna, no
     held-out decision."""
+    assert result.bench is not None and row.figure is not None   # measured, if only in part
     ratio = round(result.bench.value / (base.figure * base.drift), 4)
     if p := result.pruned:
         decision = "pruned"
         why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper']:.2f} "
-               f"{objective.of(row.meter).unit}, below {p['below']:.2f} (the defaults' {base.figure * base.drift:.2f} less the "
+               f"{objective.of(row.meter).unit}, below {p['below']:.2f} "
+               f"(the defaults' {base.figure * base.drift:.2f} less the "
                f"spread of one instance at {gate.PRUNE_LEVEL:.1%})")
     else:
         decision = "speed-only"
@@ -155,6 +160,7 @@ def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> 
 def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:
     """With the held-out re-check off, the search instance alone must clear the bound."""
     need = 1 + settings.min_gain
+    assert row.search_interval is not None   # the gate compared it on the search prompts
     low, high = row.search_interval
     accepted = low > need
     seams.ledger.transition(row, gate_passed=accepted, decision="accepted" if accepted else "refused",
@@ -192,8 +198,8 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
                          suffix=f"-heldout{suffix}", workload=inline, quality="none",
                          stop_rules={"goodput_start": start or None})
         times.append(result.timings["total_s"])
-        if not result.ok:
-            raise MeasureFailed(f"a held-out instance failed: {result.failure.klass}: {result.failure.message[:200]}")
+        if not result.ok or result.bench is None:
+            raise MeasureFailed(f"a held-out instance failed: {result.why()[:300]}")
         measured.append(result)
         ledger.add_repeats(target.id, n, result.bench.repeat_figures)
         return result.bench.value
@@ -256,8 +262,8 @@ def slower_than_branched(row: Trial, history: list[Trial], base: Baseline, setti
     noise, cannot be branched whatever its held-out decision says: no fresh servers for it."""
     # Every config's repeated held-out instances are more evidence of the instance noise.
     noise = base.noise_with(*(t.heldout_instances for t in history if t.heldout_instances))
-    for other in (t for t in history if t.branch and t.figure):
-        c = compare([row.figure], [other.figure], noise, settings.level)
+    for other in (t for t in history if t.branch and t.figure and row.figure):
+        c = compare([row.figure or 0.0], [other.figure or 0.0], noise, settings.level)
         if c.high < 1:
             return (f"dominated on the search prompts: {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of {other.branch}, "
                     f"slower beyond the noise: no held-out decision, not branched")

@@ -39,10 +39,11 @@ def engine_defaults(ctx: RunContext, seams: Seams) -> dict:
         engine = seams.engine
         found = engine.defaults(ctx.settings.model, list(ctx.space.knobs)) if hasattr(engine, "defaults") else {}
         seams.ledger.update(ctx.run, calibration={**calibration, "engine_defaults": found})
-    return ctx.run.calibration["engine_defaults"]
+    return (ctx.run.calibration or {})["engine_defaults"]
 
 
 def instance_of(t: Trial) -> Instance:
+    assert t.figure is not None, f"trial {t.number} measured no figure"
     return Instance(t.figure, t.heldout_figure, t.ppl, {"ids": t.greedy or [], "tops": t.top_logprobs},
                     t.ttft_p99_ms, t.itl_p99_ms)
 
@@ -66,7 +67,8 @@ def baseline_from(history: list[Trial], settings: GateSettings) -> Baseline:
     ok = [t for t in history if t.source in DEFAULTS and t.status == Status.OK]
     # A further device's instance is one more draw of the defaults: the spread between devices becomes
     # part of the noise every candidate is judged with, whichever device it ran on (docs/scale-out.md).
-    instances = [t for t in ok if t.source in (Source.BASELINE, Source.DEVICE) or (t.source == Source.DRIFT and t.drift == 1.0)]
+    instances = [t for t in ok
+                 if t.source in (Source.BASELINE, Source.DEVICE) or (t.source == Source.DRIFT and t.drift == 1.0)]
     aa = next((t for t in ok if t.source == Source.AA), None)
     extras = [t.heldout_figure for t in ok if t.source == Source.EXTRA and t.heldout_figure]
     base = gate.baseline_of([instance_of(t) for t in instances], settings, extras=tuple(extras),
@@ -84,17 +86,19 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     done = sum(1 for t in history if t.source == Source.BASELINE and t.status == Status.OK)
     for i in range(settings.baseline_instances - done):
         last = run_defaults(ctx, seams, "baseline", "engine defaults")
-        plan = fits_a_decision(ctx, last, settings.baseline_instances - done - i - 1, True, first=done + i == 0,
-                               instances=[t for t in ledger.trials(run.id) if t.source == Source.BASELINE and t.status == Status.OK])
+        measured = [t for t in ledger.trials(run.id) if t.source == Source.BASELINE and t.status == Status.OK]
+        planned = fits_a_decision(ctx, last, settings.baseline_instances - done - i - 1, True, first=done + i == 0,
+                                  instances=measured)
         if done + i == 0:   # the first instance says what the budget fits
-            ledger.update(run, calibration={**(run.calibration or {}), "plan": plan})
-            say("plan", **plan)
+            ledger.update(run, calibration={**(run.calibration or {}), "plan": planned})
+            say("plan", **planned)
     history = ledger.trials(run.id)
     aa = next((t for t in history if t.source == Source.AA and t.status == Status.OK), None)
     if aa is None:
         aa = run_defaults(ctx, seams, "aa", "A/A check: the defaults again, judged as a candidate")
         history = ledger.trials(run.id)   # with any further device's instance that landed meanwhile
     first, verdict = judged_aa(history, settings.gate)
+    assert verdict is not None   # the A/A instance is measured: it has a verdict
     if aa.decision is None:
         ledger.transition(aa, decision="aa-passed" if verdict.passed else "aa-failed", gate_passed=None,
                       gate_reasons=[verdict.line], search_ratio=round(verdict.speed.ratio, 4),
@@ -121,8 +125,9 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     else:
         plan = None
     for t in history:
-        if t.source == Source.BASELINE and t.status == Status.OK:
-            ledger.transition(t, search_ratio=round(t.figure / base.figure, 4), ppl_change=round(t.ppl / base.ppl - 1, 5),
+        if t.source == Source.BASELINE and t.status == Status.OK and t.figure is not None and t.ppl is not None:
+            ledger.transition(t, search_ratio=round(t.figure / base.figure, 4),
+                          ppl_change=round(t.ppl / base.ppl - 1, 5),
                           gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
     noise = base.measured_noise   # what this machine showed; the bounds add the space's prior (base.noise)
     ledger.update(run, baseline_figure=round(base.figure, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
@@ -195,17 +200,20 @@ def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> 
     row = record(ledger, row, result)
     if not result.ok:
         failure = result.failure
+        assert failure is not None   # a result that is not ok says why
         if clock.seconds_left(run.deadline_at) <= 1:   # cut by the deadline: the budget, not the defaults, fell short
             took = [t.timings.get("total_s", 0) for t in ledger.trials(run.id)
                     if t.source in DEFAULTS and t.status == Status.OK]
             per = f"; an instance took {max(took) / 60:.1f} min here" if took else ""
-            raise BaselineFailed(f"the budget ended while the defaults were measured ({len(took)} instance(s) done{per}): "
-                                 f"the baseline and the A/A check need {ctx.settings.baseline_instances + 1} before any "
+            raise BaselineFailed(f"the budget ended while the defaults were measured "
+                                 f"({len(took)} instance(s) done{per}): "
+                                 f"the baseline and the A/A check need "
+                                 f"{ctx.settings.baseline_instances + 1} before any "
                                  f"candidate; give a longer --budget")
         raise BaselineFailed(f"the defaults failed ({failure.klass}): {failure.message}")
     for figures in (result.bench, result.bench_heldout):
         found = figures.goodput if figures else None
-        if goodput_lower_bound(found):   # sandbox.worker.goodput_on keeps a candidate's, not the defaults'
+        if found and goodput_lower_bound(found):   # sandbox.worker.goodput_on keeps a candidate's, not the defaults'
             why = found.get("burst") or f"the last of the {len(found.get('points') or [])} points a split allows"
             raise BaselineFailed(f"the defaults held the SLOs at every load measured, up to {found['rate']:g} "
                                  f"requests/s ({why}): their goodput is only a lower bound, which candidates cannot "
@@ -229,10 +237,12 @@ def check_drift(ctx: RunContext, seams: Seams, base: Baseline) -> None:
     """Measure the defaults again; a move the prediction bounds exclude (and of at least DRIFT_MIN) is
     the machine's, and is divided out from now on. Otherwise the instance joins the defaults' noise."""
     row = run_defaults(ctx, seams, "drift", f"drift check after {ctx.settings.drift_every} candidate trials")
+    assert row.figure is not None   # run_defaults raised where the defaults measured nothing
     c = compare([row.figure], base.search, base.noise, ctx.settings.gate.level)
     moved = (c.low > 1 or c.high < 1) and abs(c.ratio - 1) > DRIFT_MIN
     drift = round(c.ratio, 4) if moved else 1.0
-    seams.ledger.transition(row, drift=drift, figure_corrected=round(row.figure / drift, 3), search_ratio=round(c.ratio, 4),
+    seams.ledger.transition(row, drift=drift, figure_corrected=round(row.figure / drift, 3),
+                        search_ratio=round(c.ratio, 4),
                         search_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=None, decision="drift",
                         constraint=0.0,
                         gate_reasons=[f"drift check: defaults now at {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of "

@@ -107,7 +107,8 @@ class WorkerEngine:
         try:
             result = read_result(out)
         except (OSError, ResultError) as e:
-            tail = (trial_dir / "worker.log").read_text(errors="replace")[-2000:] if (trial_dir / "worker.log").exists() else ""
+            tail = ((trial_dir / "worker.log").read_text(errors="replace")[-2000:]
+                    if (trial_dir / "worker.log").exists() else "")
             killed = reap(progress)  # the worker died without its teardown: its server may still run
             why = "wrote no result" if isinstance(e, OSError) else f"wrote no readable result ({e})"
             result = failed_result("worker_error", f"the worker {why} (exit {proc.returncode})"
@@ -125,6 +126,7 @@ class WorkerEngine:
 
     def _rules_on_device(self) -> dict:
         """The allow-list with this worker's own core span among the thread-binding choices (_on_device)."""
+        assert self.rules is not None   # allow() was called: the caller checked
         bind = self.rules["env"].get("VLLM_CPU_OMP_THREADS_BIND")
         if self.slot is None or not self.slot.cores or not bind or "choices" not in bind:
             return self.rules
@@ -186,7 +188,7 @@ def trial_processes(progress: Path) -> list[psutil.Process]:
     of them when the live leader is that very server."""
     state = _read(progress)
     token = state.get("token")
-    session, started = state.get("server_pid"), state.get("server_started")
+    session, started = state.get("server_pid"), float(state.get("server_started") or 0.0)
     if state.get("phase") == "done" or not session or not started:
         session = None
     try:
@@ -244,6 +246,7 @@ class Preflight:
     def _read(self, timeout_s: float) -> dict | None:
         import selectors
 
+        assert self.proc is not None and self.proc.stdout is not None   # started with a pipe (_start)
         with selectors.DefaultSelector() as sel:
             sel.register(self.proc.stdout, selectors.EVENT_READ)
             if not sel.select(timeout_s):
@@ -275,6 +278,7 @@ class Preflight:
         """effective: the answer carries the engine config vLLM built (sandbox.preflight.effective)."""
         if not self._start():
             return None
+        assert self.proc is not None and self.proc.stdin is not None   # started with a pipe (_start)
         try:
             self.proc.stdin.write(json.dumps({"flags": flags, "env": env, "effective": effective}) + "\n")
             self.proc.stdin.flush()

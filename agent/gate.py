@@ -127,6 +127,7 @@ def check(result: TrialResult, base: Baseline, lossless: bool, settings: GateSet
         failure = result.failure
         return Verdict(False, [f"trial failed: {failure.klass if failure else None}: "
                                f"{(failure.message if failure else '')[:200]}"], False)
+    assert result.bench is not None and result.quality is not None   # what an ok result measured
     reasons = []
     figure, ppl = result.bench.value, result.quality.ppl
     search = compare([figure], base.search, base.noise, settings.level, base.drift)
@@ -287,7 +288,7 @@ def decide(first: float, base: Baseline, settings: GateSettings, more_candidate:
     max_instances of the candidate have not decided it. While neither, measure one more instance
     of the candidate, and one of the defaults whenever they have no more instances than it.
     """
-    candidate, extras = [first], []
+    candidate, extras = [first], list[float]()
     need = 1 + settings.min_gain
     while True:
         defaults = [*base.heldout, *extras]
@@ -383,7 +384,8 @@ def baseline_of(instances: list[Instance], settings: GateSettings, extras: tuple
     measured = [*instances, *([aa] if aa else [])]   # every instance measured on the search prompts
     ppls = [i.ppl for i in measured if i.ppl]
     heldout = [*([aa.heldout_figure] if aa and aa.heldout_figure else []), *extras]
-    return Baseline(search=[i.figure for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls), reference=reference,
+    return Baseline(search=[i.figure for i in instances], heldout=heldout, ppl=sum(ppls) / len(ppls),
+                    reference=reference,
                     calibration=calibrate(reference, others, settings.exact),
                     noise_groups=(tuple(heldout),) if heldout else (), unscreened=(aa.figure,) if aa else (),
                     prior=settings.noise_prior,
@@ -408,8 +410,8 @@ def judge_aa(aa: Instance, base: Baseline, settings: GateSettings) -> AAVerdict:
     reasons, found, kl = greedy_check(base.reference, greedy, base.calibration)
     cal, notes = base.calibration, []
     if reasons and cal.rule == "calibrated":
-        margins = [f.margin for f in found]
-        if all(m is not None and m <= TAU_CAP for m in margins):
+        margins = [f.margin for f in found if f.margin is not None]
+        if len(margins) == len(found) and all(m <= TAU_CAP for m in margins):
             tau = max([cal.tau, *margins])
             kl_bound = round(max(cal.kl_bound, 2 * (kl or 0.0)), 6)
             cal = Calibration(round(tau, 5), max(cal.flips_allowed, len(found)), kl_bound, cal.rule,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -45,6 +45,9 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 
 
+RowT = TypeVar("RowT", bound=Base)   # a row of any table: what is written comes back as its own type
+
+
 class Migration(Base):
     """A schema change this ledger has had (agent.migrations), by name."""
     __tablename__ = "migrations"
@@ -72,7 +75,8 @@ class Run(Base):
     settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     baseline_figure: Mapped[float | None] = mapped_column(Float)
     baseline_ppl: Mapped[float | None] = mapped_column(Float)
-    noise: Mapped[float | None] = mapped_column(Float)     # pooled log-sd of the figure between instances of the defaults
+    # pooled log-sd of the figure between instances of the defaults
+    noise: Mapped[float | None] = mapped_column(Float)
     noise_df: Mapped[int | None] = mapped_column(Integer)  # its degrees of freedom
     calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON)   # greedy rule, tau, A/A verdict, engine defaults
     # The coordinator that last took the run up (host/pid/token): a resume swaps it only if it still
@@ -87,7 +91,8 @@ class Trial(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     number: Mapped[int] = mapped_column(Integer)
-    source: Mapped[str] = mapped_column(String)   # baseline, aa, extra, drift (instances of the defaults), planner, sampler
+    # baseline, aa, extra, drift (instances of the defaults), planner, sampler
+    source: Mapped[str] = mapped_column(String)
     optuna_number: Mapped[int | None] = mapped_column(Integer)
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)   # the point of the space
     flags: Mapped[dict[str, Any]] = mapped_column(default=dict)    # what reached vLLM
@@ -133,7 +138,8 @@ class Trial(Base):
     log_path: Mapped[str | None] = mapped_column(String)
     rationale: Mapped[str | None] = mapped_column(Text)
     meter: Mapped[dict[str, Any]] = mapped_column(default=dict)     # workload name, version, hash
-    measured: Mapped[dict[str, Any] | None] = mapped_column(JSON)   # latencies, repeats, engine, hardware: for the branch
+    # latencies, repeats, engine, hardware: for the branch
+    measured: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     worker_id: Mapped[int | None] = mapped_column(Integer)         # the worker (process on a device) that ran it
     started_at: Mapped[str] = mapped_column(String, default=utcnow)
     finished_at: Mapped[str | None] = mapped_column(String)
@@ -264,14 +270,16 @@ def safe_url(url: str) -> str:
 class Ledger:
     def __init__(self, where: Path | str):
         """where: a SQLite file's path, or a database URL (sqlite:///..., postgresql+psycopg://...)."""
-        url = str(where) if "://" in str(where) else None
-        self.path = None if url else Path(where)
-        self.sqlite = url is None or url.startswith("sqlite")
+        given = str(where) if "://" in str(where) else None
+        self.path = None if given else Path(where)
+        self.sqlite = given is None or given.startswith("sqlite")
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             url = f"sqlite:///{self.path}"
-        elif self.sqlite:
-            self.path = Path(url.split("///", 1)[1])
+        else:
+            url = str(given)
+            if self.sqlite:
+                self.path = Path(url.split("///", 1)[1])
         self.url = url
         # How messages name it: the file, or the URL without its password.
         self.where = str(self.path) if self.sqlite else safe_url(url)
@@ -304,7 +312,7 @@ class Ledger:
                     raise
                 time.sleep(0.05 * (attempt + 1))
 
-    def add(self, row: Base) -> Base:
+    def add(self, row: RowT) -> RowT:
         with self.session.begin() as s:
             s.add(row)
         return row
@@ -319,7 +327,7 @@ class Ledger:
                     s.add(row)
                 return row
             except IntegrityError:
-                row.id = None
+                row.id = None  # type: ignore[assignment]  # the database gives the next attempt its id
                 continue
         raise RuntimeError(f"run {row.run_id}: no free trial number after 100 attempts")
 
@@ -331,7 +339,7 @@ class Ledger:
         with self.session() as s:
             return s.execute(text(sql)).scalar_one() + "+00:00"
 
-    def claim(self, model: type[Base], id_: int, expect: dict, **values: Any) -> bool:
+    def claim(self, model: type[Run] | type[Trial] | type[Worker], id_: int | str, expect: dict, **values: Any) -> bool:
         """Update one row only if its columns still hold `expect`: True for the one writer that did it
         (how a lost worker's trial is recorded as interrupted once, whoever notices)."""
         for field in ("status", "decision") if model is Trial else ():
@@ -339,7 +347,7 @@ class Ledger:
                 states.check_move(None, field, expect[field], values[field])
         with self.session.begin() as s:
             q = update(model).where(model.id == id_, *(getattr(model, k) == v for k, v in expect.items()))
-            return s.execute(q.values(**values)).rowcount == 1
+            return _changed(s.execute(q.values(**values))) == 1
 
     def record_result(self, row: Trial, repeats: list[float], **values: Any) -> bool:
         """A running trial's result: its figures and its server's measured phases in one transaction
@@ -347,7 +355,7 @@ class Ledger:
         states.check_move(row.number, "status", states.Status.RUNNING, values["status"])
         with self.session.begin() as s:
             q = update(Trial).where(Trial.id == row.id, Trial.status == states.Status.RUNNING)
-            if s.execute(q.values(**values)).rowcount != 1:
+            if _changed(s.execute(q.values(**values))) != 1:
                 return False
             s.add_all(Repeat(trial_id=row.id, instance=0, figure=x) for x in repeats)
         for key, value in values.items():   # the row in memory as written: no read back
@@ -369,14 +377,14 @@ class Ledger:
                 states.check_move(row.number, field, getattr(row, field), values[field])
         with self.session.begin() as s:
             q = update(Trial).where(Trial.id == row.id, Trial.status == row.status, Trial.decision == row.decision)
-            if s.execute(q.values(**values)).rowcount != 1:
+            if _changed(s.execute(q.values(**values))) != 1:
                 raise states.Superseded(f"trial {row.number}: moved by another process since it was read (it was "
                                         f"{row.status}, decision {row.decision}); this write is dropped")
         for key, value in values.items():
             setattr(row, key, value)
         return row
 
-    def update(self, row: Base, **values: Any) -> Base:
+    def update(self, row: RowT, **values: Any) -> RowT:
         """A run's or a worker's write (a trial's goes through `transition`)."""
         if isinstance(row, Trial):
             raise TypeError("a trial is written through Ledger.transition")
@@ -387,7 +395,7 @@ class Ledger:
         if unknown := sorted(set(values) - set(row.__table__.columns.keys())):
             raise ValueError(f"{row.__tablename__} has no column {unknown[0]!r}")
 
-    def _write(self, row: Base, values: dict) -> Base:
+    def _write(self, row: RowT, values: dict) -> RowT:
         self._columns(row, values)
         with self.session.begin() as s:
             for key, value in values.items():
@@ -398,6 +406,13 @@ class Ledger:
     def run(self, run_id: str) -> Run | None:
         with self.session() as s:
             return s.get(Run, run_id)
+
+    def run_now(self, run: Run) -> Run:
+        """A run's row as the database holds it now (another process may have written it since)."""
+        row = self.run(run.id)
+        if row is None:
+            raise LookupError(f"run {run.id} is no longer in {self.where}")
+        return row
 
     def runs(self) -> list[Run]:
         with self.session() as s:
@@ -461,24 +476,30 @@ class Ledger:
                 conn.execute(text("SET TRANSACTION READ ONLY"))
                 try:
                     cur = conn.exec_driver_sql(query)
-                    return list(cur.keys()) if cur.returns_rows else [], [tuple(r) for r in cur] if cur.returns_rows else []
+                    return (list(cur.keys()) if cur.returns_rows else [],
+                            [tuple(r) for r in cur] if cur.returns_rows else [])
                 finally:
                     conn.rollback()
         import sqlite3
 
-        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
         try:
-            cur = conn.execute(query)
-            return [d[0] for d in cur.description or []], cur.fetchall()
+            rows = db.execute(query)
+            return [d[0] for d in rows.description or []], rows.fetchall()
         finally:
-            conn.close()
+            db.close()
+
+
+def _changed(result: Any) -> int:
+    """The rows an UPDATE changed (a CursorResult's rowcount; SQLAlchemy types execute's result as Result)."""
+    return result.rowcount
 
 
 def as_dict(row: Base) -> dict:
     return {c.name: getattr(row, c.name) for c in row.__table__.columns}
 
 
-def to_json(rows: list[Base]) -> str:
+def to_json(rows: Sequence[Base]) -> str:
     return json.dumps([as_dict(r) for r in rows], indent=2, default=str)
 
 

@@ -144,7 +144,8 @@ def prompt(space: Space, history: list[Trial], facts: dict, k: int) -> str:
     return (f"Engine: {space.engine} {space.engine_version}. Facts: {json.dumps(facts)}.\n"
             f"Space (knob -> type and bounds):\n{json.dumps(knobs)}\nRules:\n" + "\n".join(rules) +
             f"\nHistory (search_ratio is relative to engine defaults; gate False means rejected):\n"
-            f"{history_table(history)}\nPropose {k} new configs likely to raise search_ratio without raising perplexity.")
+            f"{history_table(history)}\nPropose {k} new configs likely to raise search_ratio "
+            f"without raising perplexity.")
 
 
 SECRET_NAMES = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)$", re.I)

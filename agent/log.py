@@ -8,7 +8,7 @@ from pathlib import Path
 import structlog
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from agent import objective, refusals
 from agent.budget import plan_line
@@ -18,7 +18,8 @@ from sandbox.contract import goodput_lower_bound
 
 def _line(event: str, info: dict) -> str | None:
     if event == "run":
-        return f"run {info['id']}: budget {info['budget']} (until {info['deadline']}), {info['space']}, {info['workload']}"
+        return (f"run {info['id']}: budget {info['budget']} (until {info['deadline']}), "
+                f"{info['space']}, {info['workload']}")
     if event == "trial":
         params = refusals.describe(info["params"]) or "engine defaults"
         best = f"best {info['best']:.3f}x" if info.get("best") else "no accepted config yet"
@@ -34,7 +35,8 @@ def _line(event: str, info: dict) -> str | None:
                 if cal["rule"] == "calibrated" else "greedy rule exact")
         prior = (f"; with the space's prior ±{info['prior'][0]:.1%} worth {info['prior'][1]} df, bounds use "
                  f"±{info['bound_noise']:.1%}" if info.get("prior") and info["prior"][1] else "")
-        return escape(f"baseline: {info['figure']:.2f} {info.get('unit', 'tok/s')} (instances {instances}; noise ±{info['noise']:.1%} "
+        return escape(f"baseline: {info['figure']:.2f} {info.get('unit', 'tok/s')} "
+                      f"(instances {instances}; noise ±{info['noise']:.1%} "
                       f"log-sd, {info['df']} df{prior}), ppl {info['ppl']:.4f}; {rule}")
     if event == "plan":
         return escape(plan_line(info))
@@ -50,7 +52,8 @@ def _line(event: str, info: dict) -> str | None:
         t = info["row"]
         u = objective.of(t.meter).unit
         if t.decision == Decision.SPEED_ONLY:
-            return f"trial {t.number}: {t.figure:.2f} {u} ({t.search_ratio:.3f}x); rejected: {escape(t.gate_reasons[0])}"
+            return (f"trial {t.number}: {t.figure:.2f} {u} ({t.search_ratio:.3f}x); "
+                    f"rejected: {escape(t.gate_reasons[0])}")
         if t.status == Status.PRUNED:
             return f"trial {t.number} [yellow]pruned[/] at {t.figure:.2f} {u}: {escape((t.gate_reasons or [''])[0])}"
         if t.status != Status.OK:
@@ -91,7 +94,9 @@ class PhaseDisplay:
     event lines above it stay one per event."""
 
     def __init__(self, console: Console):
-        self.console, self.progress, self.task = console, None, None
+        self.console = console
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
 
     def show(self, text: str) -> None:
         if self.progress is None:
@@ -100,6 +105,7 @@ class PhaseDisplay:
             self.progress.start()
             self.task = self.progress.add_task(text)
         else:
+            assert self.task is not None
             self.progress.reset(self.task, description=text)
 
     def close(self) -> None:
@@ -134,5 +140,5 @@ def event_logger(path: Path, console: Console) -> Callable[..., None]:
             except OSError:   # the terminal is gone (a dropped SSH session): events.jsonl still has it
                 pass
 
-    say.close = live.close if live is not None else (lambda: None)
+    say.close = live.close if live is not None else (lambda: None)  # type: ignore[attr-defined]  # Part.close
     return say

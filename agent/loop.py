@@ -86,7 +86,8 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
     sampler_space = narrowed(ctx.space, ledger.narrowings(ctx.run.id))
     # One-knob changes stand in for TPE's random start-up points, as many as it would draw: more of them
     # delayed the best config on the simulated engine (docs/results.md, the search benchmark).
-    near = ctx.space.near_defaults(ctx.defaults, settings.seed)[:studies.STARTUP_TRIALS] if settings.one_knob_start else []
+    near = (ctx.space.near_defaults(ctx.defaults, settings.seed)[:studies.STARTUP_TRIALS]
+            if settings.one_knob_start else [])
     repeats_in_a_row = 0
     while True:
         now = Snapshot.read(ctx, ledger)
@@ -103,7 +104,8 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
             continue
         if not studies.waiting(study) and (cut := cut_once(now.history, seen)):
             study.enqueue_trial(cut.params, user_attrs={"source": cut.source, "knobs": list(cut.params), "rationale":
-                                                        f"trial {cut.number} was cut by a crash before it was measured"})
+                                                        f"trial {cut.number} was cut by a crash "
+                                                        f"before it was measured"})
         if since_planner >= settings.sampler_per_planner and not studies.waiting(study):
             seen_by_planner = views.trials(now.history)   # frozen copies: a planner reads, never writes
             studies.enqueue(study, planner.propose(ctx.space, views.run(ctx.run), seen_by_planner,
@@ -126,7 +128,8 @@ def work(ctx: RunContext, seams: Seams, storage, me: Worker, lost: Callable[[], 
     spread joins the baseline's noise), then candidates the shared study asks for, until the deadline
     or the run's end. What passes on the search prompts is put forward to the coordinator."""
     run, ledger, say = ctx.run, seams.ledger, seams.say
-    defaults = wait_for(ledger, run, lambda r: (r.calibration or {}).get("engine_defaults"), say, "the engine's defaults")
+    defaults = wait_for(ledger, run, lambda r: (r.calibration or {}).get("engine_defaults"), say,
+                        "the engine's defaults")
     if defaults is None:
         return
     ctx = replace(ctx, defaults=defaults)
@@ -140,7 +143,7 @@ def work(ctx: RunContext, seams: Seams, storage, me: Worker, lost: Callable[[], 
     study = studies.open(run.id, storage, ctx.settings.seed, ctx.settings.sampler)
     repeats_in_a_row = 0
     while not lost():
-        if ledger.run(run.id).status != "running":
+        if ledger.run_now(run).status != "running":
             break
         now = Snapshot.read(ctx, ledger)
         if now.over(ctx):
@@ -169,7 +172,8 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
     if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
         studies.tell(study, trial, *seen[key])
         return False
-    if other := next((t for t in now.history if t.status == Status.RUNNING and repr(sorted(t.params.items())) == key), None):
+    if other := next((t for t in now.history
+                      if t.status == Status.RUNNING and repr(sorted(t.params.items())) == key), None):
         # Another worker measures this very point now: no second server for it, and nothing to learn.
         studies.fail(study, trial.number)
         say("duplicate", number=other.number)
@@ -218,7 +222,7 @@ def wait_for(ledger: Ledger, run: Run, ready: Callable[[Run], object], say: Call
     """Poll the run's row until ready(row) is truthy (returned), or None once the run is no longer going."""
     said = False
     while True:
-        row = ledger.run(run.id)
+        row = ledger.run_now(run)
         if (value := ready(row)) or row.status != "running" or clock.seconds_left(row.deadline_at) <= 0:
             return value or None
         if not said:

@@ -37,7 +37,8 @@ def apply(engine, fresh: bool, tables: dict, record) -> list[str]:
             with engine.begin() as conn:
                 if conn.execute(select(record.c.name).where(record.c.name == fn.__name__)).first():
                     continue
-                conn.execute(record.insert().values(name=fn.__name__))   # the claim: a second opener waits, then finds it
+                # the claim: a second opener waits, then finds it
+                conn.execute(record.insert().values(name=fn.__name__))
                 if not fresh or fn.__name__ in FRESH_TOO:
                     fn(conn, tables)
             done.append(fn.__name__)
@@ -85,7 +86,8 @@ def m003_settings_as_used(conn: Connection, tables: dict) -> None:
     """Run rows written before 2026-12-03 kept `agent run`'s options flat: the gate's among the rest,
     the workload under `workload_spec`, the noise prior as [sd, df]. Each is rewritten in the shape
     a run stores now (the gate's under `gate`, the prior as {sd, df}), so one reader serves every run;
-    the model its row names where they lack one; the newer settings stay absent and read as their defaults. A row whose values have another shape
+    the model its row names where they lack one; the newer settings stay absent and read as their defaults. A row
+    whose values have another shape
     is left as it was (agent.context.settings_of reads what it lacks as the defaults)."""
     runs = tables["runs"]
     for id_, settings, workload, model in conn.execute(select(runs.c.id, runs.c.settings, runs.c.workload,
@@ -140,7 +142,9 @@ def m005_flat_slos_into_the_gate(conn: Connection, tables: dict) -> None:
     for id_, settings in conn.execute(select(runs.c.id, runs.c.settings)).all():
         if not isinstance(settings, dict) or not isinstance(settings.get("gate"), dict):
             continue
-        moved = {k: settings[k] for k in ("slo_ttft_p99_ms", "slo_itl_p99_ms") if k in settings and k not in settings["gate"]}
+        moved = {k: settings[k] for k in ("slo_ttft_p99_ms", "slo_itl_p99_ms")
+                 if k in settings and k not in settings["gate"]}
         if moved:
             kept = {k: v for k, v in settings.items() if k not in moved}
-            conn.execute(update(runs).where(runs.c.id == id_).values(settings={**kept, "gate": {**settings["gate"], **moved}}))
+            conn.execute(update(runs).where(runs.c.id == id_)
+                         .values(settings={**kept, "gate": {**settings["gate"], **moved}}))

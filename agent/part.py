@@ -66,8 +66,8 @@ class Part:
     me: ledgers.Worker
 
     def close(self) -> None:
-        self.seams.say.close()      # the live phase line, on a terminal
-        self.seams.engine.close()   # the pre-flight's process
+        getattr(self.seams.say, "close", lambda: None)()         # the live phase line, on a terminal
+        getattr(self.seams.engine, "close", lambda: None)()      # the pre-flight's process
 
 
 def take_part(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, engine_slot: devices.Slot | None,
@@ -183,7 +183,7 @@ def work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: i
                        f"is back). Then: {hint}", 1) from None
     finally:
         part.close()
-    if ledger.run(row.id).status != "running":   # what it put forward at the very end, nobody decides
+    if ledger.run_now(row).status != "running":   # what it put forward at the very end, nobody decides
         for line in crew.refuse_leftovers(ledger, row.id, me.id):
             say(line)
     mine = [t for t in ledger.trials(row.id) if t.worker_id == me.id]
@@ -198,12 +198,14 @@ def interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why
         if t.worker_id == me.id:
             crew.interrupt(ledger, t, study, home, why)
     crew.settle(ledger, row, study, me)   # stopped between a record and its tell
-    if ledger.run(row.id).status != "running":
+    if ledger.run_now(row).status != "running":
         crew.refuse_leftovers(ledger, row.id, me.id)
 
 
 def close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None:
     run_row = ledger.run(run_id)
+    if run_row is None:
+        raise RunError(f"run {run_id} is not in {ledger.where}", 1)
     recovery.repair(ledger, run_row, study_storage(), gitops.open_repo(Path(run_row.repo)) if run_row.repo else None)
     ledger.update(run_row, status=status, finished_at=ledgers.utcnow())
 
@@ -275,7 +277,7 @@ def _inputs_changed(row: ledgers.Run) -> str | None:
         if load_workload(settings.workload).hash != row.workload_hash:
             given = settings.workload.get("traffic") or settings.workload.get("chat_template")
             return f"its traffic or chat template ({given})"
-        if row.settings.get("quality_text_hash") and \
+        if row.settings.get("quality_text_hash") and settings.quality_text and \
                 file_digest(settings.quality_text) != row.settings["quality_text_hash"]:
             return f"its perplexity text ({settings.quality_text})"
     except (OSError, ValueError) as e:

@@ -115,7 +115,7 @@ def _tokens_per_step(share: float, k: int) -> float:
 
 def _defaults_repeat_share(history: list[Trial]) -> float | None:
     """The mean repeat share of the defaults' measured instances, or None if none measured it."""
-    shares = [t.measured["repeat_share"] for t in history if t.source in DEFAULTS_ON_SEARCH
+    shares = [(t.measured or {})["repeat_share"] for t in history if t.source in DEFAULTS_ON_SEARCH
               and t.status == Status.OK and (t.measured or {}).get("repeat_share") is not None]
     return sum(shares) / len(shares) if shares else None
 
@@ -130,8 +130,9 @@ def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
     more than half of k is gained a step (3.65 of 5 at k=4 on the H200's challenge meter, where k=8
     then led), halved first when not; a k measured already is not proposed again."""
     knob = space.knobs["speculative-config.num_speculative_tokens"]
-    low, high = int(knob.low), int(knob.high)
-    best = max((t for t in history if t.params == start and t.status == Status.OK), key=lambda t: t.number, default=None)
+    low, high = (int(x) for x in knob.range)
+    best = max((t for t in history if t.params == start and t.status == Status.OK), key=lambda t: t.number,
+               default=None)
     k = start.get("speculative-config.num_speculative_tokens", 4)
     if best is None:
         return
@@ -212,7 +213,8 @@ def front_end_busy(metrics: dict) -> str | None:
 
 def steps_above(metrics: dict, size: int) -> float | None:
     """The share of the phase's engine steps with more tokens than size."""
-    return share_above(metrics.get("step_tokens_buckets"), size)
+    buckets = metrics.get("step_tokens_buckets")
+    return share_above(buckets, size) if buckets else None
 
 
 def _slo_that_broke(history: list[Trial], facts: dict | None = None) -> tuple[str, dict] | None:
@@ -227,7 +229,8 @@ def _slo_that_broke(history: list[Trial], facts: dict | None = None) -> tuple[st
             continue
         g = (t.measured or {}).get("goodput") or {}
         if g.get("bounds"):
-            broke = next((p for p in g.get("points") or [] if p.get("rate") == g["bounds"][-1] and not p.get("held")), None)
+            broke = next((p for p in g.get("points") or []
+                          if p.get("rate") == g["bounds"][-1] and not p.get("held")), None)
             if broke is None:
                 continue
             names = {m.split()[0] for m in broke.get("misses") or []}
@@ -284,14 +287,15 @@ class BuiltinPlanner:
             failed = [t.params[knob.name] for t in history
                       if t.failure_class in CAPACITY_FAILURES and knob.name in t.params]
             worked = [t.params[knob.name] for t in history if t.status == Status.OK and knob.name in t.params]
-            if not failed or not worked or max(worked) >= min(failed) or max(worked) < knob.low:
+            low, high = knob.range
+            if not failed or not worked or max(worked) >= min(failed) or max(worked) < low:
                 continue
             top = (max(worked) * min(failed)) ** 0.5
             top = int(top) if knob.type == "int" else round(top, 6)
-            if top < knob.high and top >= max(worked):
+            if top < high and top >= max(worked):
                 fails = sorted(t.failure_class for t in history if t.failure_class in CAPACITY_FAILURES
                                and knob.name in t.params)
-                out.append(Narrowing(knob.name, knob.low, top,
+                out.append(Narrowing(knob.name, low, top,
                                      f"{knob.name} failed ({', '.join(sorted(set(fails)))}) at {min(failed)} and "
                                      f"above while {max(worked)} ran: the sampler keeps to [{knob.low}, {top}]"))
         return out
@@ -329,7 +333,7 @@ class BuiltinPlanner:
             evidence = (f"the defaults' answers repeat their context for {repeats:.0%} of their words, as prompt "
                         f"lookup sees it" if repeats is not None else "mostly greedy")
             k = _first_draft_length(gpu, repeats)
-            if k != 4:
+            if k != 4 and repeats is not None:
                 evidence += (f" (about {_tokens_per_step(repeats, k):.1f} tokens a step at k={k} against "
                              f"{_tokens_per_step(repeats, 4):.1f} at k=4, if drafts are accepted as often)")
             # lookup 2..k up to 8: the configs measured (k=4 lookup 2..4 committed, k=8 lookup 2..8 at 1.81x)
@@ -343,7 +347,8 @@ class BuiltinPlanner:
             # short first move would have been; one slower than the defaults ends speculation's first moves.
             tried = [t for t in history if t.params == move]
             if k != 4 and tried and all(t.search_ratio is None or t.search_ratio >= 1 for t in tried):
-                yield ({**move, "speculative-config.num_speculative_tokens": 4, "speculative-config.prompt_lookup_max": 4},
+                yield ({**move, "speculative-config.num_speculative_tokens": 4,
+                        "speculative-config.prompt_lookup_max": 4},
                        f"k={k} (trial {tried[-1].number}) was not accepted; the shorter draft (k=4, lookup 2..4) on "
                        f"top of {basis}, {evidence}", "fewer wasted drafts than k=8 where fewer are accepted")
             return
@@ -372,13 +377,15 @@ class BuiltinPlanner:
             if new > seqs:
                 ran = f" and ran {running:.1f} requests a step on average of max-num-seqs {seqs}" if running else ""
                 yield ({**start, "max-num-seqs": new, **tokens},
-                       f"{said}{ran}: admit {new} sequences a step on top of {basis}", "higher throughput, a shorter queue")
+                       f"{said}{ran}: admit {new} sequences a step on top of {basis}",
+                       "higher throughput, a shorter queue")
             return
         budget = int(start.get(knob.name, _default_batched_tokens(facts)))
         if 2 * budget <= knob.high:
             yield ({**start, knob.name: 2 * budget},
                    f"{said}, with {running:.1f} requests a step on average, well under max-num-seqs {seqs}: the "
-                   f"token budget a step ({budget}) binds; double it on top of {basis}", "a shorter queue, a lower TTFT")
+                   f"token budget a step ({budget}) binds; double it on top of {basis}",
+                   "a shorter queue, a lower TTFT")
 
     @staticmethod
     def _graph_sizes(space, start, basis, history, measured, facts):
@@ -427,7 +434,7 @@ class BuiltinPlanner:
         where = (f"at {point['rate']:.3g} requests/s, the rate just above the defaults' goodput" if point["rate"] else
                  f"at {facts.get('concurrency', 1)} requests in flight")
         if name == "itl_p99_ms":
-            tokens = max(int(knob.low), default // 2)
+            tokens = max(int(knob.range[0]), default // 2)
             ttft = f", TTFT p99 held at {point['ttft_p99_ms']:.0f} ms" if point.get("ttft_p99_ms") is not None else ""
             yield ({**start, knob.name: tokens, "enable-chunked-prefill": True},
                    f"{where} the inter-token p99 alone broke its SLO ({point['itl_p99_ms']:.0f} ms{ttft}): halve "

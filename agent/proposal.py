@@ -46,7 +46,8 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
     results = {
         "run": run.id, "trial": trial.number, "source": trial.source, "rationale": trial.rationale,
         "objective": dataclasses.asdict(objective.of(trial.meter)),   # the unit of every figure here
-        "figure": trial.figure, "search_ratio": trial.search_ratio, "baseline_figure": run.baseline_figure, "noise": run.noise,
+        "figure": trial.figure, "search_ratio": trial.search_ratio, "baseline_figure": run.baseline_figure,
+        "noise": run.noise,
         "drift": trial.drift, "figure_corrected": trial.figure_corrected,
         "claim": "heldout_ratio, with its one-sided bounds heldout_interval (instances of the candidate against "
                  "instances of the defaults, on prompts the search never saw)",
@@ -54,8 +55,9 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "heldout_interval": trial.heldout_interval, "heldout_instances": trial.heldout_instances,
         "search_interval": trial.search_interval, "noise_log_sd": run.noise, "noise_df": run.noise_df,
         "noise_prior": used.gate.noise_prior.as_dict(),
-        "greedy_rule": trial.rule, "flips": trial.flips, "calibration": {k: v for k, v in (run.calibration or {}).items()
-                                                                          if k not in ("engine_defaults", "plan")},
+        "greedy_rule": trial.rule, "flips": trial.flips,
+        "calibration": {k: v for k, v in (run.calibration or {}).items()
+                        if k not in ("engine_defaults", "plan")},
         "ppl": trial.ppl, "ppl_change": trial.ppl_change, "baseline_ppl": run.baseline_ppl,
         "greedy_agreement": trial.agreement, "lossless": trial.lossless,
         "ttft_ms": measured.get("ttft_ms"), "itl_ms": measured.get("itl_ms"),
@@ -63,7 +65,8 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "meter": trial.meter, "traffic_source": (run.settings or {}).get("traffic_source"),
         "engine": measured.get("engine"), "hardware": measured.get("hardware"),
         "device": measured.get("device"),
-        "model": run.model, "model_revision": run.model_revision, "params": trial.params, "flags": trial.flags, "env": trial.env,
+        "model": run.model, "model_revision": run.model_revision, "params": trial.params, "flags": trial.flags,
+        "env": trial.env,
     }
     return {
         "serving/config.yaml": (config, False),
@@ -90,11 +93,13 @@ def _read(path: str) -> str | None:
 def message(run: Run, trial: Trial) -> str:
     if trial.heldout_ratio is not None and trial.heldout_interval:
         low, high = trial.heldout_interval
-        claim = f"held-out {trial.heldout_ratio:.3f}x defaults [{low:.3f}, {high:.3f}]; search {trial.search_ratio:.3f}x"
+        claim = (f"held-out {trial.heldout_ratio:.3f}x defaults [{low:.3f}, {high:.3f}]; "
+                 f"search {trial.search_ratio:.3f}x")
     else:
         claim = f"{trial.search_ratio:.3f}x defaults on the search prompts"
     flips = f", {len(trial.flips)} near-tie flip(s)" if trial.flips else ""
-    head = (f"trial {trial.number}: {trial.figure:.2f} {objective.of(trial.meter).unit}, {claim}, ppl {trial.ppl:.4f} ({trial.ppl_change:+.2%}), "
+    head = (f"trial {trial.number}: {trial.figure:.2f} {objective.of(trial.meter).unit}, {claim}, "
+            f"ppl {trial.ppl:.4f} ({trial.ppl_change:+.2%}), "
             f"greedy agreement {trial.agreement:.0%}{flips}")
     changed = ", ".join(f"{k}={v}" for k, v in trial.params.items())
     body = f"\n\nChanged: {changed}\n" + (f"Why: {trial.rationale}\n" if trial.rationale else "")

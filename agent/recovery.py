@@ -174,7 +174,7 @@ def _rebuild_if_it_disagrees(ledger: Ledger, run: Run, storage: str, busy: bool)
     if not found or busy:
         return []
     try:
-        knobs = spaces.load(run.space_path).knobs.values()
+        knobs = list(spaces.load(run.space_path).knobs.values())
     except spaces.SpaceError:   # a space file gone: each trial keeps the distributions the old study had
         knobs = []
     studies.rebuild(run.id, storage, rows, {k.name: k.distribution() for k in knobs})
@@ -196,8 +196,9 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
     candidates = [t for t in trials if t.optuna_number is not None]
     if study is not None:
         told = {ft.number: ft for ft in study.get_trials(deepcopy=False)}
-        numbers = [t.optuna_number for t in candidates]
-        out += [f"Optuna trial {n} is counted twice" for n in sorted({n for n in numbers if numbers.count(n) > 1})]
+        told_numbers = [t.optuna_number for t in candidates if t.optuna_number is not None]
+        out += [f"Optuna trial {n} is counted twice"
+                for n in sorted({n for n in told_numbers if told_numbers.count(n) > 1})]
         out += studies.disagreements(study, trials)
         if run.status != "running":
             out += [f"optuna trial {ft.number}: still RUNNING" for ft in told.values()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from agent import objective
 from agent.ledger import LearnedRule
@@ -34,7 +34,7 @@ def pareto(points: list[tuple[float, float, int]]) -> set[int]:
     return front
 
 
-def _table(headers: list[str], rows: list[list[object]], raw: set[int] = frozenset()) -> str:
+def _table(headers: list[str], rows: Sequence[Sequence[object]], raw: frozenset[int] = frozenset()) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c if i in raw else html.escape('' if c is None else str(c))}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
@@ -65,7 +65,8 @@ def speed_over_time(run: RunView, trials: list[TrialView]) -> str:
         fig.add_hrect(y0=low, y1=high, fillcolor="lightgray", opacity=0.4, line_width=0,
                       annotation_text="defaults ±2 noise", annotation_position="top left")
         fig.add_hline(y=run.baseline_figure, line_dash="dot", line_color="gray")
-    groups = [("defaults (baseline, A/A, other devices)", lambda t: t.source in (Source.BASELINE, Source.AA, Source.DEVICE),
+    groups = [("defaults (baseline, A/A, other devices)",
+               lambda t: t.source in (Source.BASELINE, Source.AA, Source.DEVICE),
                "gray", "circle"),
               ("drift checks", lambda t: t.source == Source.DRIFT, "orange", "diamond"),
               ("accepted", lambda t: bool(t.branch), "green", "star"),
@@ -90,12 +91,12 @@ def _versus(trials: list[TrialView], x_of: Callable[[TrialView], float | None], 
     fig = go.Figure()
     if not pts:
         fig.add_annotation(text="no candidate has both figures yet", showarrow=False)
-    front = pareto([(t.search_ratio, x_of(t), t.number) for t in pts])
+    front = pareto([(t.search_ratio or 0.0, x_of(t) or 0.0, t.number) for t in pts])
     rest = [t for t in pts if t.number not in front]
     fig.add_trace(go.Scatter(x=[x_of(t) for t in rest], y=[t.search_ratio for t in rest], mode="markers",
                              name="trials", marker=dict(color="steelblue", size=10),
                              hovertext=[_label(t) for t in rest], hoverinfo="text"))
-    on = sorted((t for t in pts if t.number in front), key=x_of)
+    on = sorted((t for t in pts if t.number in front), key=lambda t: x_of(t) or 0.0)
     fig.add_trace(go.Scatter(x=[x_of(t) for t in on], y=[t.search_ratio for t in on], mode="lines+markers",
                              name="Pareto front", marker=dict(color="crimson", size=12, symbol="star"),
                              hovertext=[_label(t) for t in on], hoverinfo="text"))
@@ -107,7 +108,8 @@ def _versus(trials: list[TrialView], x_of: Callable[[TrialView], float | None], 
 def failures(trials: list[TrialView], rules: list[LearnedRule]) -> str:
     import plotly.graph_objects as go
 
-    counts = Counter(t.failure_class or t.status for t in trials if t.status in (Status.FAILED, Status.SKIPPED, Status.PRUNED))
+    counts = Counter(t.failure_class or t.status for t in trials
+                     if t.status in (Status.FAILED, Status.SKIPPED, Status.PRUNED))
     parts = []
     if counts:
         fig = go.Figure(go.Bar(x=list(counts), y=list(counts.values()), marker_color="indianred"))
@@ -126,8 +128,9 @@ def failures(trials: list[TrialView], rules: list[LearnedRule]) -> str:
                           r.message[:300]] for r in rules]) if rules else "<p>None: vLLM refused nothing.</p>")
     pruned = [t for t in trials if t.status == Status.PRUNED]
     parts.append("<h3>Pruned trials (stopped once they could not beat the defaults)</h3>")
-    parts.append(_table(["trial", f"{objective.of(trials[0].meter if trials else None).unit} when stopped", "why"], [[t.number, t.figure, "; ".join(t.gate_reasons)[:300]]
-                                                                for t in pruned]) if pruned else "<p>None.</p>")
+    parts.append(_table(["trial", f"{objective.of(trials[0].meter if trials else None).unit} when stopped", "why"],
+                        [[t.number, t.figure, "; ".join(t.gate_reasons)[:300]]
+                         for t in pruned]) if pruned else "<p>None.</p>")
     return "".join(parts)
 
 
@@ -154,19 +157,22 @@ def branch_section(run: RunView, trials: list[TrialView], show: Callable[[str, s
         return "<p>No config was accepted in this run.</p>"
     parts = []
     for t in accepted:
-        launch = show(t.branch, "serving/launch.sh") or ""
+        branch = t.branch or ""
+        launch = show(branch, "serving/launch.sh") or ""
         flips = ", ".join(f"prompt {f.get('prompt')} pos {f.get('position')} ({f.get('margin', 0):.3f} nats)"
                           for f in (t.flips or [])[:12] if isinstance(f, dict))
         parts.append(
-            f"<div class='branch'><h3>{html.escape(t.branch)}: {html.escape(_claim(t))}</h3>"
-            f"<p>search {t.search_ratio:.3f}x, {t.figure:.2f} {objective.of(t.meter).unit} against {run.baseline_figure:.2f}; perplexity "
-            f"{(t.ppl_change or 0):+.2%}; greedy agreement {(t.agreement or 0):.0%} under the {html.escape(t.rule or '')} "
+            f"<div class='branch'><h3>{html.escape(branch)}: {html.escape(_claim(t))}</h3>"
+            f"<p>search {t.search_ratio:.3f}x, {t.figure:.2f} {objective.of(t.meter).unit} "
+            f"against {run.baseline_figure:.2f}; perplexity "
+            f"{(t.ppl_change or 0):+.2%}; greedy agreement {(t.agreement or 0):.0%} "
+            f"under the {html.escape(t.rule or '')} "
             f"rule; {len(t.flips or [])} near-tie flip(s){': ' + html.escape(flips) if flips else ''}</p>"
             f"<p>{html.escape(t.rationale or '')}</p>"
             f"<p>Serve it exactly as measured (environment included; on the CPU build the win can be an "
             f"environment variable, which a bare <code>vllm serve</code> would miss):</p>"
-            f"<pre>git -C {html.escape(run.repo)} worktree add /tmp/{html.escape(t.branch.replace('/', '-'))} "
-            f"{html.escape(t.branch)}\nsh /tmp/{html.escape(t.branch.replace('/', '-'))}/serving/launch.sh</pre>"
+            f"<pre>git -C {html.escape(run.repo or '')} worktree add /tmp/{html.escape(branch.replace('/', '-'))} "
+            f"{html.escape(branch)}\nsh /tmp/{html.escape(branch.replace('/', '-'))}/serving/launch.sh</pre>"
             f"<details><summary>serving/launch.sh</summary><pre>{html.escape(launch)}</pre></details></div>")
     return "".join(parts)
 
@@ -179,17 +185,20 @@ def render(run: RunView, trials: list[TrialView], rules: list[LearnedRule], stud
     cal = run.calibration or {}
     speed_only = [t for t in trials if t.decision == Decision.SPEED_ONLY]
     candidates = [t for t in trials if t.source in CANDIDATES]
-    summary = (f"<p>{html.escape(run.model)} on {html.escape(str((run.hardware or {}).get('gpus') or (run.hardware or {}).get('cpu')))}"
+    summary = (f"<p>{html.escape(run.model)} on "
+               f"{html.escape(str((run.hardware or {}).get('gpus') or (run.hardware or {}).get('cpu')))}"
                f", {html.escape(run.engine or '')} {html.escape(run.engine_version or '')}; meter "
                f"{html.escape(run.workload)}; {run.status}, started {run.started_at}, deadline {run.deadline_at}.</p>"
                + (f"<p>Traffic: {html.escape(traffic_line(run_meter(run), run.settings.get('traffic_source')))}.</p>"
                   if (run.settings or {}).get("traffic") else "")
-               + f"<p>Defaults: {run.baseline_figure or 0:.2f} {objective.of_run(run).unit}, noise ±{(run.noise or 0):.1%} log-sd between server "
+               + f"<p>Defaults: {run.baseline_figure or 0:.2f} {objective.of_run(run).unit}, "
+               f"noise ±{(run.noise or 0):.1%} log-sd between server "
                f"instances ({run.noise_df or 0} df), perplexity {run.baseline_ppl or 0:.4f}. "
                f"{html.escape(cal.get('aa') or '')}. Greedy rule {html.escape(str(cal.get('rule', '')))}"
                f"{', tau ' + format(cal['tau'], '.3f') + ' nats' if 'tau' in cal else ''}.</p>"
                f"<p>{len(trials)} trials: {len(candidates)} candidates, {sum(1 for t in trials if t.branch)} accepted, "
-               f"{sum(1 for t in trials if t.status == 'failed')} failed, {sum(1 for t in trials if t.status == 'pruned')} "
+               f"{sum(1 for t in trials if t.status == 'failed')} failed, "
+               f"{sum(1 for t in trials if t.status == 'pruned')} "
                f"pruned, {len(speed_only)} measured for speed only.</p>")
     rows = [[t.number, t.source, t.status, t.decision, f"{t.figure:.2f}" if t.figure else "",
              f"{t.search_ratio:.3f}" if t.search_ratio else "", _claim(t) if t.heldout_ratio else "",
@@ -210,10 +219,12 @@ def render(run: RunView, trials: list[TrialView], rules: list[LearnedRule], stud
         "importance": ("Which knobs mattered", importance(study) if study is not None else
                        "<p>The run's Optuna study is not in this storage.</p>"),
         "speed-only": ("Measured for speed only (no quality phase: too slow to be accepted)", _table(
-            ["trial", objective.of_run(run).unit, "ratio", "why"], [[t.number, t.figure, t.search_ratio, "; ".join(t.gate_reasons)[:300]]
-                                                 for t in speed_only]) if speed_only else "<p>None.</p>"),
+            ["trial", objective.of_run(run).unit, "ratio", "why"],
+            [[t.number, t.figure, t.search_ratio, "; ".join(t.gate_reasons)[:300]]
+             for t in speed_only]) if speed_only else "<p>None.</p>"),
         "trials": ("Every trial, with the planner's reason", _table(
-            ["#", "source", "status", "decision", objective.of_run(run).unit, "ratio", "held-out claim", "ppl", "config", "why"], rows)),
+            ["#", "source", "status", "decision", objective.of_run(run).unit, "ratio", "held-out claim", "ppl",
+             "config", "why"], rows)),
     }
     sections = "".join(f"<section id='{key}'><h2>{html.escape(title)}</h2>{content}</section>"
                        for key, (title, content) in ((k, body[k]) for k in SECTIONS))

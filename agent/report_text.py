@@ -52,7 +52,8 @@ def summary(run: RunView, trials: list[TrialView]) -> Iterator[str]:
            f"baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} (noise ±{run.noise:.1%} "
            f"log-sd, {run.noise_df} df)")
     for t in sorted(accepted, key=lambda t: -t.claimed_ratio):
-        yield f"  {t.branch}: {t.figure:.2f} {objective.of(t.meter).unit}, {claim(t)}, ppl {t.ppl_change:+.2%}, {latencies(t, trials)}"
+        yield (f"  {t.branch}: {t.figure:.2f} {objective.of(t.meter).unit}, {claim(t)}, ppl {t.ppl_change:+.2%}, "
+               f"{latencies(t, trials)}")
 
 
 def branch_table(trials: list[TrialView]) -> Table | str:
@@ -61,8 +62,8 @@ def branch_table(trials: list[TrialView]) -> Table | str:
     rows = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     if not rows:
         return "no proposals yet"
-    table = Table("branch", objective.of(rows[0].meter).unit, "claim (held-out vs defaults, bounds)", "search", "latency",
-                  "ppl change", "agreement", "near-tie flips", "rule", "source", "commit")
+    table = Table("branch", objective.of(rows[0].meter).unit, "claim (held-out vs defaults, bounds)", "search",
+                  "latency", "ppl change", "agreement", "near-tie flips", "rule", "source", "commit")
     for t in rows:
         held = (f"{t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
                 if t.heldout_ratio is not None and t.heldout_interval else "")
@@ -72,14 +73,16 @@ def branch_table(trials: list[TrialView]) -> Table | str:
     return table
 
 
-def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule], narrowings: list[RangeChange]) -> Iterator[str]:
+def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule],
+           narrowings: list[RangeChange]) -> Iterator[str]:
     """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""
     by = lambda attr: ", ".join(f"{n} {k}" for k, n in sorted(  # noqa: E731
         {v: sum(1 for t in trials if getattr(t, attr) == v) for v in {getattr(t, attr) for t in trials}}.items()))
     yield (f"run {row.id}: {row.status}; started {row.started_at}, deadline {row.deadline_at}"
            + (f", finished {row.finished_at}" if row.finished_at else ""))
     yield (f"  {row.model} on {row.engine} {row.engine_version}, {row.hardware.get('cpu')} "
-           f"({row.hardware.get('cpus')} cores{', ' + ', '.join(row.hardware['gpus']) if row.hardware.get('gpus') else ''})")
+           f"({row.hardware.get('cpus')} cores"
+           f"{', ' + ', '.join(row.hardware['gpus']) if row.hardware.get('gpus') else ''})")
     if row.baseline_figure:
         yield (f"  baseline {row.baseline_figure:.2f} {objective.of_run(row).unit}, noise ±{row.noise:.1%} "
                f"log-sd ({row.noise_df} df), ppl {row.baseline_ppl:.4f}; workload {row.workload}")
@@ -106,7 +109,8 @@ def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule], narr
         yield (f"  cut short: {saved(lambda t: t.decision == 'pruned')} pruned, "
                f"{saved(lambda t: t.decision == 'speed-only')} speed-only (no quality phase), "
                f"{saved(lambda t: t.failed_phase == 'preflight')} refused at pre-flight, "
-               f"{saved(lambda t: (t.failure_message or '').startswith('contains learned rule'))} skipped by a learned rule")
+               f"{saved(lambda t: (t.failure_message or '').startswith('contains learned rule'))} "
+               f"skipped by a learned rule")
     failures = [t.failure_class for t in trials if t.failure_class and t.status == Status.FAILED]
     if failures:
         yield "  failures: " + ", ".join(f"{n} {c}" for c, n in sorted(

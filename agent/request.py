@@ -230,17 +230,18 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
             requests, named = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
         meter = with_arrivals(meter, settings)
         meter.check(settings["repeats"])
-        longest = traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens) if tokens else None
+        longest = (traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens)
+                   if tokens else None)
     except TrafficError as e:
         shutil.rmtree(home / run_id, ignore_errors=True)   # the copy of a run that never started
         raise RunError(str(e) if str(e).startswith("--") else f"--traffic: {e}" if traffic else f"--workload: {e}") \
             from None
-    context = traffics.context_length(longest, quality_set, tokens.limit) if tokens else None
+    context = traffics.context_length(longest, quality_set, tokens.limit) if tokens and longest else None
     if context:
         space = space.with_fixed_flag("max-model-len", context)
+    limit = f", the model allows {tokens.limit}" if tokens and tokens.limit else ""
     say(f"traffic: {meter.summary_line()}"
-        + (f"; max-model-len {context} (longest request {longest} tokens"
-           f"{f', the model allows {tokens.limit}' if tokens.limit else ''})" if context else ""))
+        + (f"; max-model-len {context} (longest request {longest} tokens{limit})" if context else ""))
     engine, host = engine_info(), hardware()
     named_as = {**settings, "quality": quality, "sampler": sampler}   # the options under the dataclasses' names
     gate = GateSettings(**{f.name: named_as[f.name] for f in fields(GateSettings) if f.name in named_as},
@@ -255,8 +256,9 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
         space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
         repo=str(proposals.working_dir), owner=crew.token(),
         settings={**stored(used), "budget_s": budget_s, "budget": request.budget_text, "max_model_len": context,
-                  "quality_text_hash": file_digest(quality_set.text_path) if quality_text else None,
-                  "traffic": meter.summary(), "traffic_source": source.summary() if traffic else None,
+                  "quality_text_hash": file_digest(quality_set.text_path) if quality_set.text_path and quality_text
+                  else None,
+                  "traffic": meter.summary(), "traffic_source": source.summary() if source else None,
                   "model_given": given, "storage": storage_kind, "choices": choices(space),
                   "planner": planner or "builtin", "draft_models": draft_model or [],
                   **{k: v for k, v in settings.items() if k not in _FIELDS}}))   # workers, arrivals, ... as given
@@ -355,7 +357,8 @@ def load_space(name: str, draft_models: list[str], exact: bool = False,
         from agent import drafts
 
         space = drafts.add_drafts(space, draft_models)
-    if max_model_len:   # the context length the run's traffic needs (agent.traffic.context_length), last as at the start
+    # the context length the run's traffic needs (agent.traffic.context_length), last as at the start
+    if max_model_len:
         space = space.with_fixed_flag("max-model-len", max_model_len)
     return space
 

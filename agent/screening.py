@@ -58,7 +58,7 @@ def learn(ctx: RunContext, seams: Seams, row: Trial) -> None:
     if not changes:
         return
     replayed = check(point) if check and stage == "start" else None
-    if stage == "pre-flight" or (replayed and refusals.same_cause(replayed, cause)):
+    if check and (stage == "pre-flight" or (replayed and refusals.same_cause(replayed, cause))):
         settings, checks = refusals.minimise(changes, cause, check)
         how = "minimised at pre-flight"
     else:

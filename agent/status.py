@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def crew_lines(workers: list[Worker], trials: list[TrialView]) -> list[str]:
 
 
 def describe(run: RunView, trials: list[TrialView], home: Path, now: datetime | None = None,
-             workers: list[Worker] = ()) -> list[str]:
+             workers: Sequence[Worker] = ()) -> list[str]:
+    workers = list(workers)
     now = now or datetime.now(UTC)
     started, deadline = datetime.fromisoformat(run.started_at), datetime.fromisoformat(run.deadline_at)
     pid = lock_holder(home) if run.status == "running" else None
@@ -90,7 +92,8 @@ def describe(run: RunView, trials: list[TrialView], home: Path, now: datetime | 
     lines = [f"run {run.id} ({state}): {when}; {run.model}"]
     if run.baseline_figure:
         aa = (run.calibration or {}).get("aa") or "A/A check not judged yet"
-        lines.append(f"  baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} (noise ±{(run.noise or 0):.1%} log-sd); {aa}")
+        lines.append(f"  baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} "
+                     f"(noise ±{(run.noise or 0):.1%} log-sd); {aa}")
     if plan := (run.calibration or {}).get("plan"):
         lines.append(f"  {plan_line(plan)}")
     lines += crew_lines(list(workers), trials)

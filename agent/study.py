@@ -161,7 +161,9 @@ def disagreements(study: optuna.Study, rows: list[Trial]) -> list[str]:
     rebuild the study from it."""
     told_now = {ft.number: ft for ft in study.get_trials(deepcopy=False)}
     out = []
-    for row in (t for t in rows if t.optuna_number is not None):
+    for row in rows:
+        if row.optuna_number is None:
+            continue
         ft = told_now.get(row.optuna_number)
         if ft is None:
             out.append(f"trial {row.number}: Optuna trial {row.optuna_number} is not in the study")

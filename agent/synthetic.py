@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,14 @@ def bodies(shape: Shape, model_dir: str) -> list[dict]:
     shape.check()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     drawn = RandomDataset(random_seed=shape.seed).sample(
-        tokenizer=tokenizer, num_requests=shape.num_prompts, range_ratio=shape.range_ratio,
+        tokenizer=tokenizer,  # type: ignore[arg-type]  # a transformers tokenizer is vLLM's TokenizerLike
+        num_requests=shape.num_prompts, range_ratio=shape.range_ratio,
         input_len=shape.input_len, output_len=shape.output_len)
-    extra = {"ignore_eos": True} if shape.ignore_eos else {}
+    extra: dict[str, bool | float] = {"ignore_eos": True} if shape.ignore_eos else {}
     if shape.temperature is not None:
         extra["temperature"] = shape.temperature
-    out = [{"prompt": r.prompt, "max_tokens": int(r.expected_output_len), **extra} for r in drawn]
+    out: list[dict[str, Any]] = [{"prompt": r.prompt, "max_tokens": int(r.expected_output_len), **extra}
+                                 for r in drawn]
     if shape.rate is not None:   # a trace: send times as `vllm bench serve --request-rate --burstiness` draws them
         from sandbox.contract import unit_times
 

@@ -29,7 +29,8 @@ class Tokens:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except (OSError, ValueError, TypeError, KeyError) as e:
-            raise NoTokenizer(f"no tokenizer in {model_dir} ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+            raise NoTokenizer(f"no tokenizer in {model_dir} "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
         self.template = Path(chat_template).read_text() if chat_template else None
         self.limit = model_limit(model_dir)
 
@@ -47,8 +48,7 @@ class Tokens:
             return len(prompt) if isinstance(prompt, list) else self.count(prompt)
         ids = self.tokenizer.apply_chat_template(request.body["messages"], chat_template=self.template,
                                                  add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        return len(ids)
+        return len(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)  # type: ignore[call-overload, index]  # a BatchEncoding or a list
 
 
 def model_limit(model_dir: str) -> int | None:
@@ -86,7 +86,7 @@ def check_against_model(requests: list[Request], tokens: Tokens, where: str, gre
         raise TrafficError(f"{where}:{chat.line}: a chat request (messages), but the model has no chat template: "
                            f"give --chat-template FILE (sandbox/data/traffic/gemma-chat.jinja fits Gemma)")
     for r in requests:
-        need = tokens.prompt_tokens(r) + max(r.max_tokens, greedy_tokens)
+        need = tokens.prompt_tokens(r) + max(r.max_tokens or 0, greedy_tokens)
         if tokens.limit and need > tokens.limit:
             raise TrafficError(f"{where}:{r.line}: {need} tokens (prompt {tokens.prompt_tokens(r)} + max_tokens "
                                f"{r.max_tokens}) is beyond the model's context of {tokens.limit}")

@@ -61,6 +61,8 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
     if run is None:
         raise VerifyError(f"{branch}: run {claim['run']} is not in the ledger")
     base_row = next((t for t in ledger.trials(run.id) if t.source == Source.BASELINE), None)
+    if base_row is None:
+        raise VerifyError(f"{branch}: run {run.id} has no measurement of the defaults to compare with")
     from sandbox.contract import load_workload
 
     used = settings_of(run)
@@ -87,16 +89,17 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
     claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["search_ratio"]
     band = (claimed * (1 - tolerance), claimed * (1 + tolerance))
     # The run's own instances of the defaults measured the noise: their spread joins this one's.
-    run_defaults = [t.figure for t in ledger.trials(run.id) if t.source in (Source.BASELINE, Source.AA) and t.status == Status.OK]
+    run_defaults = [t.figure for t in ledger.trials(run.id)
+                    if t.source in (Source.BASELINE, Source.AA) and t.status == Status.OK and t.figure is not None]
     prior = used.gate.noise_prior   # the one the run's gate used
     figures: dict[str, list[float]] = {"defaults": [], "candidate": []}
-    verdict, c = UNDECIDED, None
+    verdict = UNDECIDED
     for i in range(max_rounds):
         for name, spec in specs.items():
             say(f"round {i + 1}/{max_rounds}: {name} on a fresh server ({split} prompts)")
             result = engine.evaluate(spec, out_dir / f"round{i + 1}-{name}", timeout_s=1800)
-            if not result.ok:
-                raise VerifyError(f"{name} failed in round {i + 1}: {result.failure.klass}: {result.failure.message}")
+            if not result.ok or result.bench is None:
+                raise VerifyError(f"{name} failed in round {i + 1}: {result.why()}")
             figures[name].append(result.bench.value)
         noise = pooled_noise([run_defaults, figures["defaults"], figures["candidate"]], prior)
         c = compare(figures["candidate"], figures["defaults"], noise, level=0.975)
@@ -112,7 +115,8 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
         "band": [round(band[0], 4), round(band[1], 4)], "ratio": round(c.ratio, 4),
         "interval": [round(c.low, 4), round(c.high, 4)], "rounds": len(figures["candidate"]),
         "recorded_ratio": claim["search_ratio"], "unit": objective.of_run(run).unit,
-        "defaults_figures": figures["defaults"], "candidate_figures": figures["candidate"], "noise_log_sd": round(noise.sd, 5), "noise_df": noise.df,
+        "defaults_figures": figures["defaults"], "candidate_figures": figures["candidate"],
+        "noise_log_sd": round(noise.sd, 5), "noise_df": noise.df,
     }
 
 

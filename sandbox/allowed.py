@@ -36,7 +36,8 @@ def load(path: Path, sha: str) -> dict:
     if digest(text) != sha:
         raise SpecError(f"--allowed {path}: its hash is {digest(text)}, not {sha}: the allow-list was changed")
     rules = json.loads(text)
-    if not isinstance(rules, dict) or not isinstance(rules.get("flags"), dict) or not isinstance(rules.get("env"), dict):
+    if (not isinstance(rules, dict) or not isinstance(rules.get("flags"), dict)
+            or not isinstance(rules.get("env"), dict)):
         raise SpecError(f"--allowed {path}: not an allow-list (flags and env)")
     return rules
 

@@ -51,7 +51,9 @@ class Arrivals:
         if self.kind == "concurrency":
             return None
         if self.kind == "rate":
-            return [t / (rate or self.rate) for t in unit_times(count, self.burstiness, self.seed)]
+            pace = rate or self.rate
+            assert pace, "a rate profile has its rate"
+            return [t / pace for t in unit_times(count, self.burstiness, self.seed)]
         times = stretch(trace, count, 0 if rate is not None else window)
         if rate is None:
             return [t * self.scale for t in times]
@@ -129,9 +131,9 @@ def parse(text: str, where: str = "--arrivals") -> Arrivals:
         unknown = set(options) - {"burstiness", "seed"}
         if unknown:
             raise ValueError(f"unknown option {sorted(unknown)[0]!r} (burstiness, seed)")
-        found = Arrivals("rate", rate=float(parts[0]), burstiness=float(options.get("burstiness", 1.0)),
-                         seed=int(options.get("seed", 0)))
-        if not (found.rate > 0 and found.burstiness > 0 and np.isfinite([found.rate, found.burstiness]).all()):
+        rate, burstiness = float(parts[0]), float(options.get("burstiness", 1.0))
+        found = Arrivals("rate", rate=rate, burstiness=burstiness, seed=int(options.get("seed", 0)))
+        if not (rate > 0 and burstiness > 0 and np.isfinite([rate, burstiness]).all()):
             raise ValueError("the rate and the burstiness must be finite and above 0")
         if not 0 <= found.seed < 2 ** 32:
             raise ValueError("the seed must be from 0 to 2**32 - 1 (NumPy's)")

@@ -311,9 +311,9 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
             if at:
                 await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
             arrival = None if at is None else start + at
-            if before[i] is not None:
-                await answered[before[i]].wait()
-                arrival = None if at is None else max(arrival, time.perf_counter())
+            if (previous := before[i]) is not None:
+                await answered[previous].wait()
+                arrival = None if arrival is None else max(arrival, time.perf_counter())
             async with gate:
                 if stop.is_set():
                     return None
@@ -331,7 +331,8 @@ async def run_requests(base_url: str, model: str, requests: list[Request], concu
         start = time.perf_counter()
         times = offsets if offsets is not None else [None] * len(requests)
         results = await asyncio.wait_for(
-            asyncio.gather(*(bounded(i, r, at) for i, (r, at) in enumerate(zip(requests, times, strict=False)))), timeout_s)
+            asyncio.gather(*(bounded(i, r, at) for i, (r, at) in enumerate(zip(requests, times, strict=False)))),
+            timeout_s)
         return [r for r in results if r is not None], time.perf_counter() - start
     finally:
         await session.close()
@@ -353,13 +354,13 @@ def steady_window(results: list[RequestResult], concurrency: int) -> tuple[float
     first `concurrency` requests has streamed its first token to the moment its last request was sent.
     None at one stream, or where the phase has no such stretch (fewer than twice the concurrency, a
     failed first request, or the last send before the ramp ended)."""
-    sent = sorted((r for r in results if r.sent_at is not None), key=lambda r: r.sent_at)
+    sent = sorted((r for r in results if r.sent_at is not None), key=lambda r: r.sent_at or 0.0)
     if concurrency <= 1 or len(sent) < 2 * concurrency or len(sent) < len(results):
         return None
     first = sent[:concurrency]
     if not all(r.ok and r.chunk_at for r in first):
         return None
-    opens, closes = max(r.chunk_at[0] for r in first), sent[-1].sent_at
+    opens, closes = max(r.chunk_at[0] for r in first), sent[-1].sent_at or 0.0
     return (opens, closes) if closes > opens else None
 
 

@@ -82,7 +82,7 @@ class Goodput:
 
 def lower_bound(found: dict | None) -> bool:
     """Whether a goodput (Goodput.as_dict, as a trial records it) is only a lower bound: no load broke."""
-    return bool(found) and (found.get("bounds") or [0, 0])[-1] is None
+    return found is not None and bool(found) and (found.get("bounds") or [0, 0])[-1] is None
 
 
 def point(rate: float, result: BenchResult, slo: Slo) -> Point:
@@ -133,7 +133,8 @@ def search(measure: Callable[[float], BenchResult], slo: Slo, start: float, tole
             raise Unsustained(f"at {rate:.3g} requests/s the point's {result.requests} requests arrived over "
                               f"{span:.1f} s, less than {SUSTAIN} of their median latencies ({typical:.1f} s): a "
                               f"burst, not a load; measure about {math.ceil(SUSTAIN * typical * rate * 2)} or more "
-                              f"requests a point (--num-prompts, or num_prompts: in a workload file) and a traffic file "
+                              f"requests a point (--num-prompts, or num_prompts: in a workload file) "
+                              f"and a traffic file "
                               f"with room for them")
         if not points[-1].held and give_up_below is not None and rate <= give_up_below:
             raise Hopeless()

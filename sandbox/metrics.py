@@ -134,8 +134,8 @@ def summarize(before: dict[str, float], after: dict[str, float], sampler: Sample
     tokens = _mean(before, after, STEP_TOKENS)
     out["tokens_per_step_mean"] = round(tokens, 2) if tokens is not None else None
     # tokens a step, by bucket, for the graph-size trigger (the share above the largest captured size)
-    a, b = buckets(before, STEP_TOKENS), buckets(after, STEP_TOKENS)
-    out["step_tokens_buckets"] = {str(k): round(v - a.get(k, 0.0)) for k, v in sorted(b.items())} or None
+    was, now = buckets(before, STEP_TOKENS), buckets(after, STEP_TOKENS)
+    out["step_tokens_buckets"] = {str(k): round(v - was.get(k, 0.0)) for k, v in sorted(now.items())} or None
     out["api_cpu_share"] = round(api_cpu_share, 3) if api_cpu_share is not None else None
     drafted, accepted = out["spec_draft_tokens"], out["spec_accepted_tokens"]
     out["spec_acceptance_rate"] = round(accepted / drafted, 4) if drafted else None

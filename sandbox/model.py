@@ -111,11 +111,11 @@ def _build(staging: Path, say: Callable[[str], None]) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=pkg.MODEL_NAME)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=pkg.MODEL_NAME, dtype=torch.bfloat16)
     # The weights are plain bf16 tensors now; only the marker says "GGUF", and it blocks saving.
-    model.hf_quantizer = None
-    model.is_quantized = False
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers types module attributes as Tensor | Module
+    model.is_quantized = False  # type: ignore[assignment]  # (the same)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tokenizer.add_bos_token = True
+    tokenizer.add_bos_token = True  # type: ignore[misc]  # a setter on the fast tokenizer, typed read-only
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     shutil.rmtree(gguf_dir)

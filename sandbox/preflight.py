@@ -38,7 +38,7 @@ def _vllm():
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
-        from vllm.utils import FlexibleArgumentParser
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined, no-redef]  # vLLM before 0.11
     return make_arg_parser, validate_parsed_serve_args, AsyncEngineArgs, FlexibleArgumentParser
 
 

@@ -129,6 +129,10 @@ class TrialResult:
     def fail(self, klass: str, message: str, log_tail: str = "", cause: str | None = None) -> None:
         self.status, self.failure = "failed", Failure(klass, message, log_tail, cause)
 
+    def why(self) -> str:
+        """A failed trial's class and message in one line (its status where it failed to say why)."""
+        return f"{self.failure.klass}: {self.failure.message}" if self.failure else f"status {self.status}"
+
 
 def failed(klass: str, message: str, log_tail: str = "", **fields: Any) -> TrialResult:
     return TrialResult(status="failed", failure=Failure(klass, message, log_tail), **fields)

@@ -122,7 +122,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.started = 0.0   # the server process's create time: its session's members are no older
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.model_name: str | None = None
+        self.model_name: str | None = None   # what the server says it serves, once it is up
 
     def start(self) -> None:
         if not port_is_free(self.port):
@@ -135,6 +135,13 @@ class Server:
             self.started = psutil.Process(self.proc.pid).create_time()
         except psutil.Error:
             self.started = time.time()
+
+    @property
+    def served_name(self) -> str:
+        """The model name requests must carry: the server's own, once it is up (wait_ready)."""
+        if self.model_name is None:
+            raise RuntimeError("the server is not up: it has named no model yet")
+        return self.model_name
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -199,7 +206,8 @@ class Server:
             except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
                 continue
         if self.proc is not None:
-            procs.update({p.pid: p for p in session_members(self.proc.pid, since=self.started - 1) if p.pid not in procs})
+            procs.update({p.pid: p for p in session_members(self.proc.pid, since=self.started - 1)
+                          if p.pid not in procs})
         return [p for p in procs.values() if _running(p)]
 
     def titles(self) -> dict[int, str]:

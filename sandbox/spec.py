@@ -216,7 +216,8 @@ def _stop_rules(raw: Any, source: str) -> StopRules:
         raise SpecError(f"{source}: unknown rule {unknown[0]!r} (known: prune_below, quality_above, goodput_start)")
     for key in ("prune_below", "quality_above"):
         value = raw.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e7):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value < 1e7):
             raise SpecError(f"{source}.{key}: {value!r} is not a figure from 0 to 1e7")
     start = raw.get("goodput_start")
     if start is not None and (isinstance(start, bool) or not isinstance(start, (int, float)) or not 0 < start <= 1000):

@@ -207,10 +207,12 @@ def _check_value(where: str, name: str, value: Any) -> None:
     if name == "stop" and isinstance(value, list) and not all(isinstance(s, str) for s in value):
         raise TrafficError(f"{where}: stop is {value!r}, not a string or a list of strings")
     if name == "stop_token_ids" and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-        raise TrafficError(f"{where}: stop_token_ids is {json.dumps(value)[:60]}, not a list of token ids (integers >= 0)")
+        raise TrafficError(f"{where}: stop_token_ids is {json.dumps(value)[:60]}, "
+                           f"not a list of token ids (integers >= 0)")
     if name == "logit_bias" and not all(isinstance(k, str) and k.isdigit() and isinstance(v, (int, float))
                                         and not isinstance(v, bool) and -100 <= v <= 100 for k, v in value.items()):
-        raise TrafficError(f"{where}: logit_bias is {json.dumps(value)[:60]}, not token ids mapped to numbers in [-100, 100]")
+        raise TrafficError(f"{where}: logit_bias is {json.dumps(value)[:60]}, "
+                           f"not token ids mapped to numbers in [-100, 100]")
     if name == "response_format" and value.get("type") not in RESPONSE_FORMATS:
         raise TrafficError(f"{where}: response_format is {json.dumps(value)[:60]}: its type is not one of "
                            f"{', '.join(RESPONSE_FORMATS)}")
@@ -351,8 +353,10 @@ def _conversation(item: dict, turns: list[dict], line: int, count_tokens: Callab
     j - 1 recorded replies between them (by position, whatever their roles, as vLLM takes a first
     turn), its max_tokens the length of reply j. Its first turn must pass vLLM's rule; a later reply
     of no tokens ends it."""
-    conversation = str(item["id"]) if isinstance(item.get("id"), (str, int)) and item.get("id") != "" else f"line {line}"
-    out, history = [], []
+    conversation = (str(item["id"]) if isinstance(item.get("id"), (str, int)) and item.get("id") != ""
+                    else f"line {line}")
+    out: list = []
+    history: list[dict] = []
     for j in range(0, len(turns) - 1, 2):
         prompt, reply = turns[j]["value"], turns[j + 1]["value"]
         if count_tokens is None:
@@ -410,7 +414,7 @@ def load(path: str | Path, count_tokens: Callable[[str], int] | None = None,
                 r = requests[stamped.index(False)]
                 raise TrafficError(f"{path}:{r.line}: no timestamp, though other requests of this trace have one")
             for a, b in zip(requests, requests[1:], strict=False):
-                if b.timestamp < a.timestamp:
+                if (b.timestamp or 0.0) < (a.timestamp or 0.0):   # every one stamped: checked above
                     raise TrafficError(f"{path}:{b.line}: timestamp {b.timestamp} is before line {a.line}'s "
                                        f"{a.timestamp}: a trace's requests must be in time order")
     if not requests:

@@ -72,7 +72,7 @@ async def _measure(server: Server, workload, requests: list, timeout_s: float,
     sampling = asyncio.create_task(sampler.run(stop))
     api_cpu = server.api_cpu_seconds()
     try:
-        results, wall = await bench.run_requests(server.base_url, server.model_name, requests,
+        results, wall = await bench.run_requests(server.base_url, server.served_name, requests,
                                                  workload.concurrency, timeout_s, pruner, offsets)
     finally:
         stop.set()
@@ -106,7 +106,8 @@ def goodput_on(server: Server, workload, bench_s: float, phase: str,
                start: float | None = None, give_up_below: float | None = None) -> Figures:
     """The objective goodput on one server: rate points, each a fresh draw of the workload's split on
     the same seeded arrival pattern scaled to its rate (sandbox.goodput), from `start`, a figure
-    measured before (default: the profile's rate, doubling from there). The instance's figure is the highest rate that held its SLOs; the latencies
+    measured before (default: the profile's rate, doubling from there). The instance's figure is the highest rate
+    that held its SLOs; the latencies
     shown are that point's. on_point hears of a point before it is measured, on_measured gets it
     once judged (a cut search keeps what it saw)."""
     draws = iter(range(workload.rate_points()))
@@ -208,7 +209,7 @@ class TrialRun:
         self.enter("warmup")
         workload = self.spec.workload
         with deadline(self.spec.deadlines.warmup_s, self.phase):
-            warm, _ = asyncio.run(bench.run_requests(self.server.base_url, self.server.model_name, workload.warmups(),
+            warm, _ = asyncio.run(bench.run_requests(self.server.base_url, self.server.served_name, workload.warmups(),
                                                      workload.concurrency, self.spec.deadlines.warmup_s))
         self.server.fail_if_dead(self.phase)
         if failed := [r for r in warm if not r.ok]:
@@ -223,6 +224,7 @@ class TrialRun:
             self.result.bench = found = self.goodput(workload, start=spec.stop_rules.goodput_start,
                                                      give_up_below=spec.stop_rules.prune_below)
             self.lap("benchmark")
+            assert found.goodput is not None   # the goodput search records its points
             if found.goodput["pruned_at"] is not None:
                 self.result.status = "pruned"
                 self.result.pruned = {"after_requests": sum(p["requests"] for p in found.goodput["points"]),
@@ -249,7 +251,7 @@ class TrialRun:
         if pruner and pruner.pruned:
             self.result.status = "pruned"
             self.result.pruned = {"after_requests": last.requests, "of": workload.num_prompts,
-                                     "upper": round(pruner.upper_tps, 3), "below": spec.stop_rules.prune_below}
+                                     "upper": round(pruner.upper_tps or 0.0, 3), "below": spec.stop_rules.prune_below}
             return
         if figures.output_tokens == 0 or figures.short_outputs:
             raise TrialFailure("bad_output", f"{figures.short_outputs} of {figures.requests} requests did not "
@@ -282,16 +284,17 @@ class TrialRun:
     def quality(self) -> None:
         self.enter("quality")
         spec, server = self.spec, self.server
+        assert spec.quality is not None   # run_trial measures quality only where the spec names a set
         with deadline(spec.deadlines.quality_s, self.phase), httpx.Client(timeout=spec.deadlines.quality_s) as client:
-            ppl = quality.perplexity(client, server.base_url, server.model_name, spec.quality)
-            greedy = quality.greedy_outputs(client, server.base_url, server.model_name, spec.quality,
+            ppl = quality.perplexity(client, server.base_url, server.served_name, spec.quality)
+            greedy = quality.greedy_outputs(client, server.base_url, server.served_name, spec.quality,
                                             spec.workload if spec.workload.traffic else None)
         server.fail_if_dead(self.phase)
         self.result.quality = Quality(ppl=ppl.ppl, nll=ppl.nll, ppl_tokens=ppl.tokens, ppl_windows=ppl.windows,
                                       greedy=greedy)
         self.lap("quality")
 
-    def teardown(self, device_before: int | None) -> None:
+    def teardown(self, device_before: list[int] | None) -> None:
         result, timings = self.result, self.result.timings
         if f"{self.phase}_s" not in timings:
             self.lap(self.phase)  # how long the failed phase ran before it ended
@@ -320,7 +323,7 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
     repeat could be one draw for one config and another draw for the next). Latencies: the median
     repeat's. Under a latency objective the figure is 1000 / that percentile over every repeat's requests."""
     tokens, wall = sum(r.output_tokens for r in reps), sum(r.wall_s for r in reps)
-    counted = sum(r.window_tokens if r.window_s else r.output_tokens for r in reps)
+    counted = sum((r.window_tokens or 0) if r.window_s else r.output_tokens for r in reps)
     span = sum(r.window_s or r.wall_s for r in reps)
     finish: dict[str, int] = {}
     for r in reps:
@@ -334,7 +337,8 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
                       "window_tokens": counted if windowed else None,
                       "objective": objective, "figure": figure_of(reps, objective),
                       "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
-                      "repeat_hits": sum(r.repeat_hits for r in reps), "repeat_words": sum(r.repeat_words for r in reps),
+                      "repeat_hits": sum(r.repeat_hits for r in reps),
+                      "repeat_words": sum(r.repeat_words for r in reps),
                       "repeat_figures": [figure_of([r], objective) for r in reps],
                       "draw_hashes": [r.draw_hash for r in reps]})
 
@@ -346,7 +350,7 @@ def figure_of(reps: list[bench.BenchResult], objective: str) -> float:
         field_name, q = latency
         value = bench.percentiles([v for r in reps for v in r.samples.get(field_name, [])]).get(q)
         return round(1000 / value, 6) if value else 0.0
-    counted = sum(r.window_tokens if r.window_s else r.output_tokens for r in reps)
+    counted = sum((r.window_tokens or 0) if r.window_s else r.output_tokens for r in reps)
     span = sum(r.window_s or r.wall_s for r in reps)
     return round(counted / span, 3) if span > 0 else 0.0
 
@@ -368,10 +372,11 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
             if spec.heldout_bench:
                 run.heldout()
             if spec.quality is not None:  # None: a speed re-check, quality was measured already
-                if spec.stop_rules.quality_above is None or run.result.bench.value > spec.stop_rules.quality_above:
+                above, figure = spec.stop_rules.quality_above, run.result.bench.value if run.result.bench else 0.0
+                if above is None or figure > above:
                     run.quality()
                 else:   # too slow to be accepted whatever its quality: the seconds go to the next trial
-                    run.result.quality_skipped = f"{run.result.bench.value} is not above {spec.stop_rules.quality_above}"
+                    run.result.quality_skipped = f"{figure} is not above {above}"
     except TrialFailure as failure:
         run.fail(failure.klass, failure.message, failure.log_tail, failure.cause)
     except PhaseTimeout:
@@ -446,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     results.write(args.out, result)
     line = (f"{result.status}: {result.failure.klass}: {result.failure.message}" if result.failure else
             f"pruned: {result.pruned}" if result.status == "pruned" else
-            f"ok: {result.bench.tps} tok/s, ppl {result.quality.ppl if result.quality else None}")
+            f"ok: {result.bench.tps if result.bench else None} tok/s, "
+            f"ppl {result.quality.ppl if result.quality else None}")
     print(line, file=sys.stderr)
     return 0
 

@@ -1,6 +1,7 @@
 """Workload profiles and quality sets: the fixed harness a trial is measured with.
 
-Profiles and texts are data under sandbox/data/ (the agent reads them from here too). Each loaded profile carries a hash of everything
+Profiles and texts are data under sandbox/data/ (the agent reads them from here too). Each loaded profile
+carries a hash of everything
 that decides its figures (the profile's fields and the exact prompts), so two figures are only
 ever compared when they came from the same meter.
 """
@@ -112,7 +113,7 @@ class Workload:
         if not self.traffic:
             return None
         times = [r.timestamp for r in _traffic(self.traffic).requests]
-        return times if times and None not in times else None
+        return [t for t in times if t is not None] if times and None not in times else None
 
     def offsets(self, count: int, window: int, rate: float | None = None) -> list[float] | None:
         """When phase `window`'s requests are sent (None: closed loop at the workload's concurrency)."""
@@ -122,7 +123,7 @@ class Workload:
         """Where the goodput search starts: the profile's rate, or the pace of the trace's first stretch
         (the one every rate point replays) at its scale (trace:0.5: twice as fast)."""
         profile = self.arrival_profile()
-        if profile.kind == "rate":
+        if profile.kind == "rate" and profile.rate:
             return profile.rate
         first = stretch(self.trace_times(), self.num_prompts, 0)
         return min(mean_rate(first) / profile.scale, 1000.0)
@@ -206,7 +207,7 @@ class Workload:
 
     def longest_output(self) -> int:
         """The largest max_tokens any phase of this workload may send (either split)."""
-        return max(r.max_tokens for split in SPLITS for r in self.pool(split))
+        return max(r.max_tokens or 0 for split in SPLITS for r in self.pool(split))
 
     def where(self, split: str) -> str:
         return f"{self.traffic or 'the shipped prompts'} ({split} split)"
@@ -243,7 +244,8 @@ class Workload:
 
     @property
     def hash(self) -> str:
-        profile = {k: v for k, v in asdict(self).items() if k not in ("traffic", "chat_template")  # paths differ by host
+        # paths differ by host
+        profile = {k: v for k, v in asdict(self).items() if k not in ("traffic", "chat_template")
                    and not (k in ARRIVAL_FIELDS and v == Workload.__dataclass_fields__[k].default)}  # older hashes hold
         payload = json.dumps({"profile": profile, "requests": [r.key for r in self.pool()],
                               "warmups": [r.key for r in self.pool("search")[:self.warmup_count()]],
@@ -332,7 +334,7 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
     missing = sorted(k for k, (_, required) in WORKLOAD_FIELDS.items() if required and k not in raw)
     if missing:
         raise ValueError(f"{where}: missing field {missing[0]!r}")
-    values = {}
+    values: dict[str, Any] = {}
     for key, (kinds, _) in WORKLOAD_FIELDS.items():
         value = raw.get(key, Workload.__dataclass_fields__[key].default if key in ("arrivals", "objective") else None)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
@@ -342,7 +344,7 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
         if isinstance(value, int) and not isinstance(value, bool) and value < (0 if key == "warmup_requests" else 1):
             raise ValueError(f"{where}.{key}: {value!r} is out of range")
         if key in ("traffic", "chat_template") and value is not None:
-            value = str((base / value).resolve())
+            value = str((base / str(value)).resolve())
             if not Path(value).is_file():
                 raise ValueError(f"{where}.{key}: {value} is not a file")
         values[key] = value
@@ -388,9 +390,9 @@ def check_objective(workload: Workload, where: str, arrivals_where: str | None =
         except ValueError as e:
             raise ValueError(f"{where}: {workload.traffic}: {e}") from None
     if profile.kind == "trace":
-        untimed = next((r for r in (_traffic(workload.traffic).requests if workload.traffic else [None])
-                        if r is None or r.timestamp is None), False)
-        if untimed is not False:
+        requests = _traffic(workload.traffic).requests if workload.traffic else []
+        untimed = next((r for r in requests if r.timestamp is None), None)
+        if not requests or untimed is not None:
             raise ValueError(f"{where}: arrivals 'trace' needs a traffic file with a timestamp on each request"
                              + (f" ({workload.traffic}:{untimed.line} has none)" if untimed else ""))
 

@@ -12,7 +12,8 @@ single-knob starts (the same planner and TPE with those off), and `one-knob`: `a
     # the simulated engine (scripts/sim_engine.py), many seeds, seconds:
     .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 20
     # the H200's measured one-stream levers (scripts/sim_engine.py SimulatedGPU), greedy or sampled traffic:
-    .venv/bin/python scripts/bench_search.py simulated --space vllm-gpu --traffic greedy --trials 12 --seeds 10 --arms planner+tpe tpe
+    .venv/bin/python scripts/bench_search.py simulated --space vllm-gpu --traffic greedy --trials 12 --seeds 10
+        --arms planner+tpe tpe
     # before and after the search issue's features, with the simulated wall time to 95% of the best:
     .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 10 --arms before planner+tpe one-knob
 
@@ -104,7 +105,8 @@ def real(args, out: Path) -> dict[str, list[list[float]]]:
     runs = {arm: new_run(ledger, arm, space, out, repo, hours=12) for arm in args.arms}
     first = runs[args.arms[0]]
     log = lambda event, **info: print(event, json.dumps(info, default=str)[:300], flush=True)  # noqa: E731
-    measure_baseline(RunContext(first, settings_for(args, args.arms[0], model, 0, space), space), Seams(ledger, engine, repo, log))
+    measure_baseline(RunContext(first, settings_for(args, args.arms[0], model, 0, space), space),
+                     Seams(ledger, engine, repo, log))
     for arm in args.arms[1:]:
         copy_baseline(ledger, ledger.run(first.id), runs[arm])
     for k in range(1, args.trials + 1):  # interleaved: trial k of every arm before trial k+1 of any
@@ -135,7 +137,8 @@ def simulated(args, out: Path) -> dict[str, list[list[float]]]:
             def note(event, at=at, engine=engine, **info):   # the simulated clock when each trial's result was known
                 if event == "result":
                     at[info["number"]] = engine.clock
-            run_search(RunContext(run, s, space), Seams(ledger, engine, repo, note), f"sqlite:///{home / 'optuna.sqlite'}",
+            run_search(RunContext(run, s, space), Seams(ledger, engine, repo, note),
+                       f"sqlite:///{home / 'optuna.sqlite'}",
                        planner=ARMS[arm][0]())
             curves[arm].append(best_curve(ledger, arm, args.trials))
             rows = [t for t in ledger.trials(arm) if t.source in ("planner", "sampler") and t.status != "skipped"]
@@ -148,7 +151,8 @@ def simulated(args, out: Path) -> dict[str, list[list[float]]]:
 def to_best(curves: dict, clocks: dict, trials: int, share: float = 0.95) -> str:
     """Per arm: trials and simulated hours until the best accepted ratio is within `share` of the best
     any arm found for the same seed (a seed whose arm never gets there counts the whole run)."""
-    lines = ["| arm | trials to 95% of the best | simulated hours to 95% of the best | reached |", "|---|---:|---:|---:|"]
+    lines = ["| arm | trials to 95% of the best | simulated hours to 95% of the best | reached |",
+             "|---|---:|---:|---:|"]
     seeds = len(next(iter(curves.values())))
     for arm in curves:
         n, hours, reached = [], [], 0

@@ -91,7 +91,8 @@ def one_run(seed: int, home: Path, budget_s: float, noise: float, start_s: tuple
         if clock is None:
             run_search(run, settings, space, ledger, engine, repo, f"sqlite:///{home / 'optuna.sqlite'}", note)
         else:
-            run_search(RunContext(run, settings, space), Seams(ledger, engine, repo, note), f"sqlite:///{home / 'optuna.sqlite'}")
+            run_search(RunContext(run, settings, space), Seams(ledger, engine, repo, note),
+                       f"sqlite:///{home / 'optuna.sqlite'}")
     except BaselineFailed as e:
         stopped = (engine.clock, str(e))
     trials = ledger.trials("r")
@@ -99,7 +100,8 @@ def one_run(seed: int, home: Path, budget_s: float, noise: float, start_s: tuple
         if t.heldout_instances and "--verbose" in sys.argv:
             print(seed, t.number, t.decision, t.gate_reasons[-1][:200])
     return {"decided": decided, "committed": committed, "stopped": stopped, "instances": len(trials),
-            "candidates": sum(1 for t in trials if t.source in ("planner", "sampler") and "start_s" in (t.timings or {}))}
+            "candidates": sum(1 for t in trials
+                              if t.source in ("planner", "sampler") and "start_s" in (t.timings or {}))}
 
 
 def main() -> int:
@@ -116,7 +118,8 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true", help="print each held-out decision's last reason")
     args = parser.parse_args()
     rows = [one_run(seed, args.out / datetime.now().strftime("%H%M%S%f") / str(seed), args.budget_min * 60, args.noise,
-                    tuple(args.start_s), args.quality_s, args.bench_tokens, not args.no_prior, args.binding) for seed in range(args.runs)]
+                    tuple(args.start_s), args.quality_s, args.bench_tokens, not args.no_prior, args.binding)
+            for seed in range(args.runs)]
     decided = [r["decided"] / 60 for r in rows if r["decided"] is not None]
     committed = [r["committed"] / 60 for r in rows if r["committed"] is not None]
     stopped = [r["stopped"] for r in rows if r["stopped"]]
@@ -124,7 +127,8 @@ def main() -> int:
     print("| code | runs | budget | binding | first decision reached | its minute (median) | first win committed | "
           "its minute (median) | stopped early (minute, median) | candidates a run (mean) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| {Path(loop.__file__).resolve().parents[1]}{' (no prior)' if args.no_prior else ''} | {args.runs} | {args.budget_min:g} min | {args.binding:g}x | "
+    print(f"| {Path(loop.__file__).resolve().parents[1]}{' (no prior)' if args.no_prior else ''} | {args.runs} | "
+          f"{args.budget_min:g} min | {args.binding:g}x | "
           f"{len(decided)} | {median(decided)} | {len(committed)} | {median(committed)} | "
           f"{len(stopped)} ({median([s[0] / 60 for s in stopped])}) | "
           f"{statistics.fmean(r['candidates'] for r in rows):.2f} |")

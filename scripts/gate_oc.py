@@ -55,7 +55,8 @@ def instance(result: TrialResult) -> Instance:
                     result.quality.ppl, greedy_of(result))
 
 
-def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings, baseline_instances: int) -> tuple[bool, int]:
+def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings,
+             baseline_instances: int) -> tuple[bool, int]:
     """One decision by agent/gate.py, in the loop's order: (accepted, server instances spent on the
     candidate and on instances of the defaults beyond the first baseline ones)."""
     defaults = [instance(measure(engine, DEFAULTS)) for _ in range(baseline_instances)]

@@ -10,7 +10,8 @@ On each server: the workload's warm-ups, then the goodput search of sandbox.work
 each profile (the trial's own code: fresh draws of the search split per rate point, the same seeded
 arrivals for every config). Prints each rate point as it is judged (`point:` lines, and
 points.jsonl), then one table (goodput, its bounds, whether it converged, the points measured, the
-p99s at the goodput point), written with rows.jsonl under runs/goodput-table/<stamp>/. A server instance is the unit of noise: one instance per config says
+p99s at the goodput point), written with rows.jsonl under runs/goodput-table/<stamp>/. A server instance is
+the unit of noise: one instance per config says
 what a config does, not how sure it is.
 """
 

@@ -85,7 +85,8 @@ def main() -> int:
     text = out.read_text()
     print("repairs said:", *[line.strip() for line in text.splitlines() if "repaired:" in line or "KILLED" in line],
           sep="\n   ")
-    print(f"agent doctor: exit {doctor.returncode}: {doctor.stdout.strip().splitlines()[-1] if doctor.stdout.strip() else ''}")
+    print(f"agent doctor: exit {doctor.returncode}: "
+          f"{doctor.stdout.strip().splitlines()[-1] if doctor.stdout.strip() else ''}")
     for t in Ledger(home / "ledger.sqlite").trials(run.id):
         if t.source in ("planner", "sampler"):
             print(json.dumps({"trial": t.number, "source": t.source, "status": t.status, "decision": t.decision,

@@ -41,8 +41,10 @@ if sys.argv[2] == "flat":
     run_command = next((c.callback for c in cli.app.registered_commands
                         if (c.name or c.callback.__name__) == "run"), None)   # 018002f had no `agent run` yet
     options = {name: getattr(p.default, "default", p.default)
-               for name, p in inspect.signature(run_command).parameters.items() if name not in taken} if run_command else {}
-    settings = {**given, **{k: v for k, v in options.items() if isinstance(v, (str, int, float, bool, list, type(None)))}}
+               for name, p in inspect.signature(run_command).parameters.items()
+               if name not in taken} if run_command else {}
+    settings = {**given, **{k: v for k, v in options.items()
+                            if isinstance(v, (str, int, float, bool, list, type(None)))}}
 else:
     from agent.context import Settings, stored
     settings = stored(Settings(model="m", workload="smoke", home=Path("/old/home")))
@@ -50,7 +52,8 @@ run_cols = set(Run.__table__.columns.keys())
 run = Run(id="old", deadline_at="2026-11-29T23:00:00+00:00", model="m", space_path="vllm-cpu",
           space_hash="h", workload="smoke", repo="/old/home/proposals", settings=settings, status="finished",
           finished_at="2026-11-29T23:00:00+00:00",
-          **{k: v for k, v in {"baseline_tps": 18.0, "baseline_figure": 18.0, "baseline_ppl": 8.0, "noise": 0.03}.items()
+          **{k: v for k, v in {"baseline_tps": 18.0, "baseline_figure": 18.0, "baseline_ppl": 8.0,
+                               "noise": 0.03}.items()
              if k in run_cols})
 ledger.add(run)
 cols = set(Trial.__table__.columns.keys())

@@ -240,7 +240,8 @@ def run(args) -> int:
     phases = draws(workloads)
     gpu, fixed, env = server_flags(args.model, [load_workload(s.workload) for s in shapes], args.space)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    head = {"run": stamp, "commit": commit(), "device": device(), "engine": host.engine(), "model": Path(args.model).name,
+    head = {"run": stamp, "commit": commit(), "device": device(), "engine": host.engine(),
+            "model": Path(args.model).name,
             "slo": {s.name: s.slo for s in shapes if s.slo}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.raw.mkdir(parents=True, exist_ok=True)
@@ -306,10 +307,12 @@ def table(paths: list[Path]) -> str:
                 within = f" {ok}/{len(group)} |"
             api = ",".join(sorted({str(r.get("api_processes")) for r in group}))
             share = ",".join(f"{r['api_cpu_share']:.2f}" for r in group if r.get("api_cpu_share") is not None)
-            client = ",".join(f"{r['client_cpu_share']:.2f}" for r in group if r.get("client_cpu_share") is not None) or "-"
+            client = ",".join(f"{r['client_cpu_share']:.2f}" for r in group
+                              if r.get("client_cpu_share") is not None) or "-"
             out.append(f"| {lever} | {len(group)} | {mean} | {ratio} | {width} | "
                        f"{_median(group, 'ttft_ms', 'p50')}/{_median(group, 'ttft_ms', 'p99')} | "
-                       f"{_median(group, 'itl_ms', 'p50')}/{_median(group, 'itl_ms', 'p99')} | {api} | {share} | {client} |{within}")
+                       f"{_median(group, 'itl_ms', 'p50')}/{_median(group, 'itl_ms', 'p99')} | "
+                       f"{api} | {share} | {client} |{within}")
         failed = [r for r in rows if r.get("failure") and r["run"] == run]
         out += [f"| {r['lever']} | failed to start | {r['failure']}: {r['detail'][:120]} |" for r in failed]
         out.append("")
@@ -328,9 +331,11 @@ def main(argv: list[str] | None = None) -> int:
                    "measured once after the first rounds, its interval from the noise pooled over the others")
     r.add_argument("--bar", type=float, default=BAR, help="half-width to reach (0.05: 5%%)")
     r.add_argument("--budget-s", type=float, default=1200.0, help="no instance starts unless the longest one so far "
-                   "(but the first) still fits (the first rounds take turns, so a cut leaves every lever measured once)")
+                   "(but the first) still fits (the first rounds take turns, "
+                   "so a cut leaves every lever measured once)")
     r.add_argument("--max-defaults-spread", type=float, default=math.inf, help="stop once two instances of the "
-                   "defaults differ by more than this on a shape (0.10: 10%%; a host that noisy cannot resolve a lever)")
+                   "defaults differ by more than this on a shape "
+                   "(0.10: 10%%; a host that noisy cannot resolve a lever)")
     r.add_argument("--model", default=str(ROOT / "runs" / "models" / "gemma-3-270m"))
     r.add_argument("--extra-flag", action="append", default=[], help="a flag every instance gets (repeatable; "
                    "the stand-in: --extra-flag=--load-format --extra-flag=dummy)")

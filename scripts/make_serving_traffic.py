@@ -491,14 +491,15 @@ TRANSLATION_SHOTS = {
     "Spanish": ["¿Dónde está la estación de tren?", "Quisiera una taza de café, por favor.",
                 "Hoy hace un tiempo precioso.", "¿Cuánto cuesta este libro?", "Mi hermana vive cerca del mar.",
                 "No se pudo abrir el archivo."],
-    "Italian": ["Dov'è la stazione ferroviaria?", "Vorrei una tazza di caffè, per favore.", "Oggi il tempo è bellissimo.",
-                "Quanto costa questo libro?", "Mia sorella abita vicino al mare.",
+    "Italian": ["Dov'è la stazione ferroviaria?", "Vorrei una tazza di caffè, per favore.",
+                "Oggi il tempo è bellissimo.", "Quanto costa questo libro?", "Mia sorella abita vicino al mare.",
                 "Non è stato possibile aprire il file."],
     "Portuguese": ["Onde fica a estação de trem?", "Eu gostaria de uma xícara de café, por favor.",
                    "O tempo está lindo hoje.", "Quanto custa este livro?", "Minha irmã mora perto do mar.",
                    "Não foi possível abrir o arquivo."],
-    "Dutch": ["Waar is het treinstation?", "Ik wil graag een kopje koffie, alstublieft.", "Het weer is vandaag heerlijk.",
-              "Hoeveel kost dit boek?", "Mijn zus woont vlak bij de zee.", "Het bestand kon niet worden geopend."],
+    "Dutch": ["Waar is het treinstation?", "Ik wil graag een kopje koffie, alstublieft.",
+              "Het weer is vandaag heerlijk.", "Hoeveel kost dit boek?", "Mijn zus woont vlak bij de zee.",
+              "Het bestand kon niet worden geopend."],
 }
 TRANSLATION_SOURCES = ["Where is the train station?", "I would like a cup of coffee, please.",
                        "The weather is lovely today.", "How much does this book cost?", "My sister lives near the sea.",
@@ -533,7 +534,8 @@ EMAIL_LINES = [
     "Please read the summary before the meeting, it is only two pages.", "I think we should invite a speaker on {s}.",
     "The photos from last time are in the shared folder.", "Let me know if the new time does not work for you.",
     "The bus leaves from the station at half past eight.", "Remember to bring warm clothes and something to eat.",
-    "We had more people sign up than last year, which is great news.", "I am not sure we can finish everything by {day}.",
+    "We had more people sign up than last year, which is great news.",
+    "I am not sure we can finish everything by {day}.",
     "{n} and I looked at the numbers again yesterday.", "There is a small change to the agenda.",
     "If it rains, we will move everything indoors.", "Thanks again to everyone who helped last weekend.",
     "I will send the final version on {day} morning.", "Does anyone know a good place to print the posters?",
@@ -784,7 +786,8 @@ def paragraph(rng: random.Random, c: Corpus):
     if r < 0.35:
         s = rng.choice(SUBJECTS + PRODUCTS)
         prompt = rng.choice(["Write one paragraph about {s}.\n\n", ("Write a short paragraph explaining {s} to a "
-                                                                      "beginner.\n\n"), "Describe {s} in a few sentences.\n\n", "Product description: {s}\n\n",
+                                                                      "beginner.\n\n"),
+                             "Describe {s} in a few sentences.\n\n", "Product description: {s}\n\n",
                              "Blog post: A weekend with {s}\n\nBy {n}\n\n", "My favourite thing about {s}\n\n"]
                             ).format(s=s, n=rng.choice(NAMES))
     elif r < 0.75:   # continue a document after its first paragraphs
@@ -970,7 +973,8 @@ def _reference_doc(key: str, chunk: list[tuple[str, str]]) -> RagDoc:
     if "Added in version" in text or "New in version" in text:
         questions.append("In which Python version was this feature added?")
     questions += ["What is the main topic of this document?", "Which keyword or statement does this document describe?",
-                  "Give one rule stated in the document.", "What happens when an error occurs, according to the document?"]
+                  "Give one rule stated in the document.",
+                  "What happens when an error occurs, according to the document?"]
     return RagDoc(chunk[0][0], text, sorted(set(questions)))
 
 
@@ -992,7 +996,8 @@ def module_documents(c: Corpus, rng: random.Random) -> list[RagDoc]:
         for d in entries:
             if d.kind == "module":
                 continue
-            label = f"class {d.name}" if d.kind == "class" else f"{d.name}{d.signature.replace('(self, ', '(').replace('(self)', '()')}"
+            label = (f"class {d.name}" if d.kind == "class"
+                     else f"{d.name}{d.signature.replace('(self, ', '(').replace('(self)', '()')}")
             blocks.append(re.sub(r"\n +\n", "\n\n", f"{label}\n    " + _clean_block(d.text).replace("\n", "\n    ")))
             qs = [f"What does {d.name} do?"]
             first = first_sentence(paragraphs(d.text)[0]) if paragraphs(d.text) else ""

@@ -54,7 +54,8 @@ ENGLISH = [
 ARTICLES = [
     "The city council voted on Tuesday to expand the bike lane network by 40 kilometres over three years.",
     "A small bakery in the old town has won a national award for its rye bread after twenty years of trying.",
-    "Scientists tracking a pod of whales found that the animals travelled further south this winter than ever recorded.",
+    ("Scientists tracking a pod of whales found that the animals travelled further south this winter "
+     "than ever recorded."),
     "The regional library will stay open until midnight during exam weeks, after a petition signed by students.",
     "Heavy rain flooded several roads near the river, and the ferry service was suspended for two days.",
     "A volunteer group planted four thousand trees along the motorway to reduce noise for nearby villages.",

@@ -59,7 +59,8 @@ def random_shape(model: str, count: int) -> list[Request]:
     from agent import synthetic
 
     shape = synthetic.Shape(128, 128, 0.0, count, 0, True, 0.0, None, 1.0)
-    return [Request("completions", {**b, "temperature": 0.0}, i + 1) for i, b in enumerate(synthetic.bodies(shape, model))]
+    return [Request("completions", {**b, "temperature": 0.0}, i + 1)
+            for i, b in enumerate(synthetic.bodies(shape, model))]
 
 
 def agent_arm(server, workload, requests) -> dict:
@@ -110,13 +111,15 @@ def run(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     head = {"run": stamp, "commit": commit(), "device": device(), "engine": host.engine(), "concurrency": concurrency}
     server = Server(args.model, flags, env, Path(args.log_dir or "/tmp") / f"agreement-{stamp}.server.log")
-    print(f"run {stamp} on {head['device']}: concurrency {concurrency}, {count} requests a shape; raw to {out}", flush=True)
+    print(f"run {stamp} on {head['device']}: concurrency {concurrency}, {count} requests a shape; "
+          f"raw to {out}", flush=True)
     try:
         t0 = time.monotonic()
         server.start()
         server.wait_ready(900)
         print(f"server ready in {time.monotonic() - t0:.0f} s", flush=True)
-        warm, _ = asyncio.run(bench.run_requests(server.base_url, server.model_name, workload.warmups(), concurrency, 600))
+        warm, _ = asyncio.run(bench.run_requests(server.base_url, server.model_name, workload.warmups(),
+                                                 concurrency, 600))
         assert all(r.ok for r in warm), "warm-up failed"
         served = workload.measured(0)   # the realistic phase as served, for its output lengths
         first, _ = asyncio.run(bench.run_requests(server.base_url, server.model_name, served, concurrency, 600))
@@ -148,7 +151,8 @@ def table(paths: list[Path]) -> str:
     rows = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
     groups: dict[tuple, dict[int, dict]] = {}
     for r in rows:
-        groups.setdefault((r["run"], r["device"], r["concurrency"], r["shape"]), {}).setdefault(r["round"], {})[r["arm"]] = r
+        groups.setdefault((r["run"], r["device"], r["concurrency"],
+                           r["shape"]), {}).setdefault(r["round"], {})[r["arm"]] = r
     lines = ["| device | run (commit) | concurrency | shape | vllm bench serve tok/s | agent window tok/s | "
              "agent whole phase tok/s | window / vllm | whole phase / vllm |", "|---|---|---|---|---|---|---|---|---|"]
     for (run, dev, c, shape), rounds in groups.items():

@@ -424,7 +424,8 @@ def render(rows: list[dict], arms: list[str]) -> str:
         for a in arms:
             m = r[a]
             cells += [f"{m['tps']:.2f}", f"{m['wall_s']:.2f}", f"{m['client_cpu_s']:.2f}",
-                      f"{m['server_cpu_s'].get('api_server', float('nan')):.2f}", f"{m.get('foreign_cpu_s', float('nan')):.2f}"]
+                      f"{m['server_cpu_s'].get('api_server', float('nan')):.2f}",
+                      f"{m.get('foreign_cpu_s', float('nan')):.2f}"]
         cells += [f"{r[f'ratio_{a}']:.3f}" for a in others]
         lines.append("| " + " | ".join(cells) + " |")
     if rows:

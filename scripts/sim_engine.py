@@ -145,7 +145,8 @@ class SimulatedEngine:
         share = self.repeat_share()
         bench = Figures(tps=round(sorted(repeats)[len(repeats) // 2], 3), repeat_figures=repeats,
                         ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0},
-                        repeat_hits=round(1000 * share) if share is not None else 0, repeat_words=1000 if share is not None else 0)
+                        repeat_hits=round(1000 * share) if share is not None else 0,
+                        repeat_words=1000 if share is not None else 0)
         return TrialResult(
             status="ok", log_path=str(trial_dir / "server.log"),
             bench_heldout=Figures(tps=round(tps * math.exp(self.rng.gauss(0.0, self.noise / 3)), 3))
@@ -168,7 +169,8 @@ H200_SPEC = {"greedy": {4: 1.40, 8: 1.81, 16: 1.46}, "sampled": {4: 0.453, 8: 0.
 # The defaults' answers' repeat share on the H200 (docs/history.md, 2026-12-04), which the built-in
 # planner reads before it proposes speculation: challenge-short's and the realistic default's.
 H200_REPEAT_SHARE = {"greedy": 0.868, "sampled": 0.433}
-GPU_START_REFUSAL = "NotImplementedError: FlashInfer backend on SM90 currently crashes with sliding-window attention layers"
+GPU_START_REFUSAL = ("NotImplementedError: FlashInfer backend on SM90 currently crashes with sliding-window "
+                     "attention layers")
 
 
 class SimulatedGPU(SimulatedEngine):
@@ -187,7 +189,8 @@ class SimulatedGPU(SimulatedEngine):
         tps *= H200["async-off"][column] if flags.get("async-scheduling") is False else 1.0
         tps *= H200["eager"][column] if flags.get("enforce-eager") else 1.0
         mode = (flags.get("compilation-config") or {}).get("cudagraph_mode")
-        tps *= H200["full-decode-only"][column] if mode == "FULL_DECODE_ONLY" else 0.9 if mode in ("NONE", "PIECEWISE") else 1.0
+        tps *= (H200["full-decode-only"][column] if mode == "FULL_DECODE_ONLY"
+                else 0.9 if mode in ("NONE", "PIECEWISE") else 1.0)
         tps *= H200["triton-attn"][column] if flags.get("attention-backend") == "TRITON_ATTN" else 1.0
         spec_cfg = flags.get("speculative-config") or {}
         if spec_cfg.get("method") in ("ngram", "ngram_gpu"):

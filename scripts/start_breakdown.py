@@ -336,7 +336,8 @@ def render(records: list[dict]) -> str:
     for r, d in rows:
         labels += [r["label"]] if r["label"] not in labels else []
         cells = [str(r["index"]), r["label"], r["device"]["name"], mib((r.get("cache_before") or {}).get("bytes")),
-                 fmt((r.get("cpu") or {}).get("other_s")), fmt(r.get("ready_s")) + (" (failed)" if r.get("failure") else "")]
+                 fmt((r.get("cpu") or {}).get("other_s")),
+                 fmt(r.get("ready_s")) + (" (failed)" if r.get("failure") else "")]
         cells += [fmt(d["phases"].get(k)) for k in phase_keys]
         cells += [fmt(r.get("probe_s"), 2)]
         cells += [fmt(d["vllm"].get(k), 2) for k, _ in value_keys]
@@ -360,7 +361,8 @@ def render(records: list[dict]) -> str:
         lines.append("| " + " | ".join(f"**{c}**" if c else "" for c in cells) + " |")
         if len(mine) > 1:   # the warm starts alone, when the first one was cold
             warm = mine[1:]
-            cells = [f"median of starts 2-{len(mine)}", label, "", "", "", fmt(med([r.get("ready_s") for r, _ in warm]))]
+            cells = [f"median of starts 2-{len(mine)}", label, "", "", "",
+                     fmt(med([r.get("ready_s") for r, _ in warm]))]
             cells += [fmt(med([d["phases"].get(k) for _, d in warm])) for k in phase_keys]
             cells += [fmt(med([r.get("probe_s") for r, _ in warm]), 2)]
             cells += [fmt(med([d["vllm"].get(k) for _, d in warm]), 2) for k, _ in value_keys]
@@ -630,10 +632,12 @@ def main_run(argv: list[str]) -> int:
                                               "engine's, search_space/vllm-gpu.yaml on a CUDA host)")
     p.add_argument("--max-model-len", type=int, help="override the space's --max-model-len")
     p.add_argument("--model", type=Path, default=ROOT / "runs" / "models" / "gemma-3-270m")
-    p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable; K= removes)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="extra environment (repeatable; K= removes)")
     p.add_argument("--no-space-env", action="store_true", help="leave the space's fixed env out")
     p.add_argument("--cache-root", type=Path, help="one folder for every cache a later start reuses, shared by all "
-                                                   "starts (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, "
+                                                   "starts (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, "
+                                                   "TORCHINDUCTOR_CACHE_DIR, "
                                                    "FLASHINFER_WORKSPACE_BASE, CUDA_CACHE_PATH under it)")
     p.add_argument("--clear-cache", action="store_true", help="empty --cache-root first: the first start is cold")
     p.add_argument("--label", default="default", help="this variant's name in the table (default 'default')")

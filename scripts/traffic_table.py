@@ -131,7 +131,8 @@ def main() -> int:
         flags, env = plan["configs"][config]
         if flags.get("speculative-config", {}).get("model") == "MODEL":
             flags = {**flags, "speculative-config": {**flags["speculative-config"], "model": args.model}}
-        server = Server(args.model, argv_of({**fixed_flags, **flags}) + ["--chat-template", str(DATA / "traffic" / "gemma-chat.jinja")],
+        server = Server(args.model, argv_of({**fixed_flags, **flags})
+                        + ["--chat-template", str(DATA / "traffic" / "gemma-chat.jinja")],
                         {**fixed_env, **env}, out / f"{config}.server.log")
         try:
             began = time.monotonic()
@@ -154,12 +155,14 @@ def main() -> int:
         finally:
             server.stop(30)
     base = {r["workload"]: r["tps"] for r in rows if r["config"] == "defaults"}
-    lines = ["| config | workload | tok/s | ratio | acceptance | repeat share | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | ended (eos/stop/length) |",
+    lines = ["| config | workload | tok/s | ratio | acceptance | repeat share | TTFT p50 ms | TTFT p99 ms | ITL p99 ms "
+             "| ended (eos/stop/length) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['tps'] / base[r['workload']]:.3f}x" if base.get(r["workload"]) else "-"
         ended = "/".join(str(r["finish"].get(k, 0)) for k in ("eos", "stop", "length"))
-        lines.append(f"| {r['config']} | {r['workload']} | {r['tps']:.2f} | {ratio} | {r['acceptance'] if r['acceptance'] is not None else '-'} "
+        lines.append(f"| {r['config']} | {r['workload']} | {r['tps']:.2f} | {ratio} | "
+                     f"{r['acceptance'] if r['acceptance'] is not None else '-'} "
                      f"| {r['repeat_share'] if r['repeat_share'] is not None else '-'} "
                      f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['itl_p99_ms']:.0f} | {ended} |")
     lines += [f"| {config} | all | refused at start: {' '.join(why.split()).replace('|', '/')[:300]} |"

@@ -118,7 +118,8 @@ def main() -> None:
 
             from agent.log import event_logger
             say = event_logger(home / run_id / "events.jsonl", Console(stderr=True))
-            run_search(RunContext(run, settings, space), Seams(ledger, SlowEngine(float(os.environ["PHASE_S"])), repo, say),
+            run_search(RunContext(run, settings, space),
+                       Seams(ledger, SlowEngine(float(os.environ["PHASE_S"])), repo, say),
                        storage)
         else:
             engine = FakeEngine(delay_s=0.15)

@@ -45,7 +45,8 @@ class FakeEngine:
         """The pre-flight's answer (agent.engine.WorkerEngine.preflight's shape): one refusal, in vLLM's words."""
         self.preflights.append(flags)
         if refused_at_preflight(flags):
-            return {"ok": False, "message": PREFLIGHT_REFUSAL.format(k=flags["speculative-config"].get("num_speculative_tokens", 0))}
+            return {"ok": False, "message": PREFLIGHT_REFUSAL.format(
+                k=flags["speculative-config"].get("num_speculative_tokens", 0))}
         return {"ok": True}
 
     def defaults(self, model, names):
@@ -99,7 +100,8 @@ class FakeEngine:
             return TrialResult(status="pruned", log_path=str(trial_dir / "server.log"),
                                pruned={"after_requests": 3, "of": 4, "upper": round(tps * 4 / 3, 3),
                                        "below": rules["prune_below"]},
-                               workload=self.meter(spec), bench=Figures(tps=round(tps, 3), repeat_figures=[tps], requests=3),
+                               workload=self.meter(spec),
+                               bench=Figures(tps=round(tps, 3), repeat_figures=[tps], requests=3),
                                metrics={}, timings={"start_s": 0.01, "benchmark_s": 0.01})
         ppl = 8.5 if str(flags.get("kv-cache-dtype", "auto")).startswith("fp8") else 8.0
         skip_quality = rules.get("quality_above") is not None and tps <= rules["quality_above"]
@@ -115,13 +117,15 @@ class FakeEngine:
             "points": [{"rate": start}, {}, {}]}}) if goodput else (lambda x: {})
         return TrialResult(
             status="ok", log_path=str(trial_dir / "server.log"),
-            bench_heldout=Figures(tps=round(tps * 0.97, 3), **figure(tps * 0.97)) if spec.get("heldout_bench") else None,
+            bench_heldout=(Figures(tps=round(tps * 0.97, 3), **figure(tps * 0.97))
+                           if spec.get("heldout_bench") else None),
             workload=self.meter(spec),
             bench=Figures(tps=round(tps, 3), repeat_figures=[tps, tps * 1.002, tps * 0.998],
                           ttft_ms={"p99": 50.0}, itl_ms={"p99": 40.0}, tpot_ms={"p99": 40.0},
                           latency_ms={"p99": 2000.0}, finish={"length": 4}, **figure(tps)),
             quality_skipped="slower" if skip_quality else None,
             quality=None if spec.get("quality") == "none" or skip_quality else
-                    Quality(ppl=ppl, greedy=[{"token_ids": g, "top_logprobs": t} for g, t in zip(greedy, TOPS, strict=False)]),
+                    Quality(ppl=ppl, greedy=[{"token_ids": g, "top_logprobs": t}
+                                             for g, t in zip(greedy, TOPS, strict=False)]),
             metrics={"kv_cache_usage_max": 0.1}, timings={"start_s": 0.01},
             engine={"name": "fake", "version": "0"}, hardware={"kind": "cpu"})

@@ -41,8 +41,9 @@ class Handler(BaseHTTPRequestHandler):
         else:
             repo, rest = "/".join(parts[0:2]), parts[2:]
         if repo == "org/gated":
-            return self._send(401, b'{"error": "gated"}', {"X-Error-Code": "GatedRepo",
-                                                           "X-Error-Message": "Access to model org/gated is restricted"}, head)
+            return self._send(401, b'{"error": "gated"}',
+                              {"X-Error-Code": "GatedRepo",
+                               "X-Error-Message": "Access to model org/gated is restricted"}, head)
         if repo != "org/tiny":
             return self._send(404, b'{"error": "not found"}', {"X-Error-Code": "RepoNotFound",
                                                                "X-Error-Message": "Repository not found"}, head)

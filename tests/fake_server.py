@@ -2,7 +2,8 @@
 
 It speaks the few endpoints the worker uses, with deterministic answers, and misbehaves on
 request (FAKE_MODE): exit at start, hang at start, answer with errors (or an error in the
-stream), stall some answers (FAKE_STALL), NaN logprobs or short outputs, spawn a child that leaves the process group, or one without
+stream), stall some answers (FAKE_STALL), NaN logprobs or short outputs, spawn a child that leaves the process
+group, or one without
 the trial's marker (as vLLM's engine core). The real-engine tests use real vLLM.
     python tests/fake_server.py --model M --host H --port P [ignored vLLM flags...]
 """
@@ -20,8 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODE = os.environ.get("FAKE_MODE", "ok")   # memo: a body seen before is answered at once (a cross-request cache)
 TOKEN_S = float(os.environ.get("FAKE_TOKEN_S", "0.002"))
-# FAKE_SLOTS=k (or --max-num-seqs k): at most k requests decode at once, the others wait in line (their TTFT grows with the
-# queue): a server whose latency rises with load, with a known capacity of k / (tokens * FAKE_TOKEN_S).
+# FAKE_SLOTS=k (or --max-num-seqs k): at most k requests decode at once, the others wait in line (their TTFT
+# grows with the queue): a server whose latency rises with load, with a known capacity of k / (tokens * FAKE_TOKEN_S).
 SLOTS = threading.BoundedSemaphore(int(os.environ.get("FAKE_SLOTS", "0")) or 10_000)
 # FAKE_STALL=k:s: every streamed request from the k-th received on (0-based) waits s seconds before its
 # first token, as a server that stalls the tail of a phase (or, k=0 with FAKE_STALL_COUNT=n, its first n).
@@ -69,7 +70,8 @@ class Handler(BaseHTTPRequestHandler):
         if MODE == "errors":
             self.send(500, {"error": {"message": "fake internal error"}})
         elif MODE == "garbage":   # 200 OK with bytes that are not the API's JSON
-            self.send(200, "\x00<html>not json\ufffd", "text/event-stream" if body.get("stream") else "application/json")
+            self.send(200, "\x00<html>not json\ufffd",
+                      "text/event-stream" if body.get("stream") else "application/json")
         elif self.path == "/tokenize":
             ids = ([2] if body.get("add_special_tokens") else []) + token_ids(body["prompt"])
             self.send(200, {"tokens": ids, "count": len(ids)})
@@ -144,7 +146,8 @@ def main() -> None:
     if MODE == "escapee":
         # A grandchild in a session of its own whose parent exits at once: out of the process
         # group and out of the tree, findable only by the trial's marker variable.
-        sleeper = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], start_new_session=True)"
+        sleeper = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], "
+                   "start_new_session=True)")
         subprocess.run([sys.executable, "-c", sleeper], check=True)
     if MODE == "engine_core":
         # As vLLM's engine core: a child started with an environment of its own (no trial marker), in

@@ -71,7 +71,8 @@ def test_open_loop_arrivals_are_the_ones_vllm_bench_serve_draws_for_that_seed(te
     assert mine == profile.offsets(40)   # reproducible from the seed alone
     theirs = vllm_send_times(40, rate, burstiness, seed)
     assert len(mine) == len(theirs) == 40
-    assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(mine, theirs, strict=False)), (mine[:3], theirs[:3])
+    assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+               for a, b in zip(mine, theirs, strict=False)), (mine[:3], theirs[:3])
     assert math.isclose(mine[-1], 40 / rate)   # n requests span n / rate seconds, as in vLLM
     assert parse(text.replace(f"seed={seed}", f"seed={seed + 1}") if "seed" in text else text + ",seed=9"
                  ).offsets(40) != mine
@@ -212,7 +213,8 @@ def test_a_search_told_where_to_give_up_stops_at_the_first_rate_at_or_below_it_t
     ({"objective": "latency"}, "'latency' is not tps, goodput or a latency percentile"),
     ({"objective": "e2e-p95", "arrivals": "rate:2"}, "-p50, -p90 or -p99"),
     ({"arrivals": "trace", "objective": "goodput", "slo_ttft_p99_ms": 100.0}, "needs a traffic file with a timestamp"),
-    ({"arrivals": "rate:2", "objective": "goodput", "slo_ttft_p99_ms": -1.0}, "slo_ttft_p99_ms: -1.0 is not a positive"),
+    ({"arrivals": "rate:2", "objective": "goodput", "slo_ttft_p99_ms": -1.0},
+     "slo_ttft_p99_ms: -1.0 is not a positive"),
 ])
 def test_a_workload_whose_objective_cannot_rank_under_its_arrivals_is_refused(fields, needle):
     with pytest.raises(ValueError) as e:
@@ -458,7 +460,8 @@ def test_open_loop_latency_counts_from_arrival_so_a_wait_for_a_free_slot_is_seen
     (["--arrivals", "rate:2"], "needs at least one SLO (--slo-ttft-p99-ms, --slo-itl-p99-ms, --slo-e2e-p99-ms)"),
     (["--objective", "goodput", "--slo-ttft-p99-ms", "100"], "needs open-loop arrivals"),
     (["--arrivals", "trace", "--slo-ttft-p99-ms", "100"], "default.jsonl:1 has none"),
-    (["--workload", "trace-cpu", "--slo-itl-p99-ms", "0", "--arrivals", "trace"], "--slo-itl-p99-ms: 0.0 is not a positive"),
+    (["--workload", "trace-cpu", "--slo-itl-p99-ms", "0", "--arrivals", "trace"],
+     "--slo-itl-p99-ms: 0.0 is not a positive"),
 ])
 def test_run_with_arrivals_it_cannot_rank_under_stops_with_one_line_and_writes_nothing(tmp_path, args, needle):
     from test_traffic import agent_run, no_run_written

@@ -48,7 +48,8 @@ def test_the_harness_never_imports_the_agent():
     wrong = [f"{p.relative_to(ROOT)}:{line}" for p in sorted((ROOT / "sandbox").glob("*.py"))
              for node in ast.walk(ast.parse(p.read_text()))
              if isinstance(node, (ast.Import, ast.ImportFrom))
-             for line, module in [(node.lineno, node.module if isinstance(node, ast.ImportFrom) else node.names[0].name)]
+             for line, module in [(node.lineno,
+                                   node.module if isinstance(node, ast.ImportFrom) else node.names[0].name)]
              if (module or "").split(".")[0] == "agent"]
     assert wrong == []
 

@@ -99,7 +99,8 @@ def test_preflight_judges_points_with_vllms_own_config_classes_in_milliseconds(e
         refused = engine.preflight(str(embedded_model), {**BASE["flags"], "speculative-config": ngram,
                                                          "async-scheduling": True}, BASE["env"])
         bad = engine.preflight(str(embedded_model), {**BASE["flags"], "max-num-seqs": -1}, BASE["env"])
-        bound = engine.preflight(str(embedded_model), BASE["flags"], {**BASE["env"], "VLLM_CPU_OMP_THREADS_BIND": "0-1"})
+        bound = engine.preflight(str(embedded_model), BASE["flags"],
+                                 {**BASE["env"], "VLLM_CPU_OMP_THREADS_BIND": "0-1"})
         pid = engine._preflight.proc.pid
     finally:
         engine.close()

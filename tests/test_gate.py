@@ -289,7 +289,8 @@ def test_a_gain_near_the_noise_takes_more_looks_than_one_far_above_it():
 def latency_base(itl=(20.0, 21.0, 22.0), ttft=(130.0, 125.0, 135.0), tps=(10.0, 10.3, 9.8)):
     """The defaults with their search instances' p99 latencies (ms), as the ledger's rows give them."""
     g = greedy(IDS)
-    return baseline_of([Instance(t, t * 0.97, 8.0, g, f, i) for t, f, i in zip(tps, ttft, itl, strict=False)], GateSettings())
+    return baseline_of([Instance(t, t * 0.97, 8.0, g, f, i) for t, f, i in zip(tps, ttft, itl, strict=False)],
+                       GateSettings())
 
 
 def test_a_faster_candidate_with_four_times_the_defaults_inter_token_p99_is_refused_on_latency():

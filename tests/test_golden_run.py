@@ -26,8 +26,8 @@ def test_a_seeded_run_writes_the_ledger_study_and_branch_it_wrote_before(tmp_pat
     env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_TRIAL_S": "0.02", "COLUMNS": "300"}
     # Two cores, as CI's machines have (the space's thread binding is drawn from the host's cores).
     two = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])
-    proc = subprocess.run(["taskset", "-c", two, sys.executable, str(HERE / "agent_with_seam_engine.py"), "run", "--budget", "10m",
-                           "--model", str(embedded_model), "--max-trials", "8"],
+    proc = subprocess.run(["taskset", "-c", two, sys.executable, str(HERE / "agent_with_seam_engine.py"), "run",
+                           "--budget", "10m", "--model", str(embedded_model), "--max-trials", "8"],
                           env=env, capture_output=True, text=True, timeout=300, cwd=HERE.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = snapshot(home, embedded_model)

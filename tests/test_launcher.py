@@ -22,7 +22,8 @@ def test_the_launcher_follows_the_installed_engine(monkeypatch):
 
 def test_this_hosts_launcher_is_a_module_its_python_can_find():
     module = server.default_launcher()[1]
-    found = subprocess.run([sys.executable, "-c", f"import importlib.util as u; print(u.find_spec({module!r}) is not None)"],
+    found = subprocess.run([sys.executable, "-c",
+                            f"import importlib.util as u; print(u.find_spec({module!r}) is not None)"],
                            capture_output=True, text=True, timeout=120)
     assert found.stdout.strip() == "True", (module, found.stderr[-500:])
 
@@ -56,5 +57,6 @@ def test_a_hostile_model_name_or_revision_is_one_word_in_launch_sh_and_runs_noth
     argv = out.read_text().splitlines()
     assert argv[:4] == ["serve", model, "--revision", "main; touch pwned3"]
     assert not list(tmp_path.glob("pwned*")) and not (serving / "pwned3").exists()
-    subprocess.run(["sh", str(serving / "launch.sh")], cwd=tmp_path, env={**env, "MODEL": "/other"}, check=True, timeout=30)
+    subprocess.run(["sh", str(serving / "launch.sh")], cwd=tmp_path, env={**env, "MODEL": "/other"}, check=True,
+                   timeout=30)
     assert out.read_text().splitlines()[1] == "/other"

@@ -26,7 +26,8 @@ def test_levers_take_turns_and_a_batch_limit_below_the_concurrency_loses(tmp_pat
     monkeypatch.setitem(lever_table.LEVERS, "max-num-seqs-4", ["--max-num-seqs", "4"])
     out = tmp_path / "levers.jsonl"
     assert lever_table.main(["run", "--shape", "tiny-c8", "--lever", "max-num-seqs-2", "--lever", "refused",
-                             "--instances", "2", "--also", "max-num-seqs-4", "--bar", "100", "--budget-s", "3600", "--launcher", str(FAKE), "--model", str(embedded_model),
+                             "--instances", "2", "--also", "max-num-seqs-4", "--bar", "100", "--budget-s", "3600",
+                             "--launcher", str(FAKE), "--model", str(embedded_model),
                              "--space", str(ROOT / "search_space" / "vllm-cpu.yaml"),
                              "--out", str(out), "--raw", str(tmp_path / "raw")]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]

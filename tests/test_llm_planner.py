@@ -111,7 +111,8 @@ def test_unreachable_endpoint_falls_back_to_the_builtin_planner(monkeypatch):
                       retries=2, timeout_s=5)
     fallback = FallbackPlanner(dead, lambda e, **i: events.append((e, i)), patience=1)
     proposals = fallback.propose(SPACE, RUN, HISTORY, {"cpus": 2, "concurrency": 1}, k=1)
-    assert proposals and proposals[0].params == {"VLLM_CPU_OMP_THREADS_BIND": proposals[0].params["VLLM_CPU_OMP_THREADS_BIND"]}
+    assert proposals and proposals[0].params == {
+        "VLLM_CPU_OMP_THREADS_BIND": proposals[0].params["VLLM_CPU_OMP_THREADS_BIND"]}
     assert events[0][0] == "planner_fallback" and events[0][1]["permanent"]
     assert len(calls) == 2 and all(c.error for c in calls)
     fallback.propose(SPACE, RUN, HISTORY, {"cpus": 2}, k=1)
@@ -121,7 +122,8 @@ def test_unreachable_endpoint_falls_back_to_the_builtin_planner(monkeypatch):
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True)
                            | st.text(max_size=30) | st.sampled_from(list(SPACE.knobs) + ["auto", "ngram", "0-1"]),
                            lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=20) | st.sampled_from(list(SPACE.knobs)), inner, max_size=5),
+                           | st.dictionaries(st.text(max_size=20) | st.sampled_from(list(SPACE.knobs)),
+                                             inner, max_size=5),
                            max_leaves=20)
 
 

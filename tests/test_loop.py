@@ -32,7 +32,8 @@ def night(tmp_path_factory):
     engine = FakeEngine()
     events = []
     settings = Settings(model="m", workload="smoke", gate=GateSettings(), facts={"cpus": 2, "concurrency": 1})
-    finished = run_search(RunContext(run, settings, space), Seams(ledger, engine, repo, lambda e, **i: events.append((e, i))),
+    finished = run_search(RunContext(run, settings, space),
+                          Seams(ledger, engine, repo, lambda e, **i: events.append((e, i))),
                           f"sqlite:///{tmp_path / 'optuna.sqlite'}")
     return ledger, repo, finished, tmp_path, events
 
@@ -254,7 +255,8 @@ def test_interrupt_ends_the_trial_in_flight_and_stops_cleanly(tmp_path):
                          settings={"home": str(tmp_path)}))
     with pytest.raises(KeyboardInterrupt):
         run_search(RunContext(run, Settings(model="m", workload="smoke"), space),
-                   Seams(ledger, StopAt(3), gitops.open_repo(tmp_path / "p", create=True)), f"sqlite:///{tmp_path / 'o.sqlite'}")
+                   Seams(ledger, StopAt(3), gitops.open_repo(tmp_path / "p", create=True)),
+                   f"sqlite:///{tmp_path / 'o.sqlite'}")
     close_interrupted(ledger, "r2", "stopped")
     statuses = [t.status for t in ledger.trials("r2")]
     assert statuses[-1] == "interrupted" and "running" not in statuses
@@ -288,7 +290,8 @@ def test_verify_re_measures_a_branch_against_the_defaults(night):
 
     ledger, repo, run, tmp_path, _ = night
     best = max((t for t in ledger.trials("r1") if t.branch), key=lambda t: t.heldout_ratio)
-    report = verify(ledger, repo, best.branch, FakeEngine(), tmp_path / "verify", Rounds(max_rounds=4), say=lambda m: None)
+    report = verify(ledger, repo, best.branch, FakeEngine(), tmp_path / "verify", Rounds(max_rounds=4),
+                    say=lambda m: None)
     # The fake's instances differ by under 1%: a claim it reproduces is decided within the rounds.
     assert report["verdict"] == "holds" and report["rounds"] <= 4 and report["split"] == "heldout"
     assert report["claimed_ratio"] == best.heldout_ratio
@@ -445,7 +448,8 @@ def test_a_budget_that_ends_before_the_baseline_says_so_rather_than_blame_the_de
 
 
 class DeclaredLostMidTrial(FakeEngine):
-    """On its first candidate after the defaults, another process declares this one lost: it records the trial in flight as
+    """On its first candidate after the defaults, another process declares this one lost: it records the trial
+    in flight as
     interrupted and tells Optuna FAIL (as agent.crew.bury does) while the server is still measuring."""
 
     def __init__(self, ledger_path, storage):
@@ -666,7 +670,8 @@ def test_under_goodput_every_search_after_the_defaults_first_starts_at_their_fig
     defaults = [t.figure for t in ledger.trials("gs") if t.source in ("baseline", "aa")]
     assert len(defaults) == 3 and len(searched) > 3
     for i, spec in enumerate(searched[1:3], start=1):   # the second baseline instance, then the A/A
-        assert math.isclose(spec["stop_rules"]["goodput_start"], math.exp(sum(map(math.log, defaults[:i])) / i), rel_tol=1e-5)
+        assert math.isclose(spec["stop_rules"]["goodput_start"], math.exp(sum(map(math.log, defaults[:i])) / i),
+                            rel_tol=1e-5)
     assert all(math.isclose(s["stop_rules"]["goodput_start"], math.exp(sum(map(math.log, defaults)) / 3), rel_tol=1e-5)
                for s in searched[3:])   # candidates (no drift or extra instance of the defaults here)
     heldout = [s for s in engine.specs if load_split(s) == "heldout"]   # the candidates' held-out instances
@@ -711,7 +716,8 @@ def test_an_accepted_config_whose_commit_failed_is_named_by_doctor_and_branched_
     assert f"trial {first.number}: accepted but no branch was committed: `agent run --resume rg` commits it" in said
     ledger, run = _run(tmp_path, "rg", FakeEngine(), settings, ledger=ledger)   # the resume: no new trial
     row = next(t for t in ledger.trials("rg") if t.number == first.number)
-    assert row.branch == f"agent/rg/{first.number}" and row.commit in gitops.open_repo(tmp_path / "p").git.rev_parse(row.branch)
+    assert (row.branch == f"agent/rg/{first.number}"
+            and row.commit in gitops.open_repo(tmp_path / "p").git.rev_parse(row.branch))
     assert recovery.problems(ledger, run, storage, gitops.open_repo(tmp_path / "p")) == []
 
 
@@ -735,8 +741,9 @@ def test_a_planners_range_outside_its_knob_is_refused_said_and_never_applied(tmp
                          settings={"home": str(tmp_path)}))
     events = []
     settings = Settings(model="m", workload="smoke", max_trials=3, facts={"cpus": 2, "concurrency": 1})
-    run_search(RunContext(run, settings, space), Seams(ledger, FakeEngine(), gitops.open_repo(tmp_path / "p", create=True),
-                                                       lambda e, **i: events.append((e, i))),
+    run_search(RunContext(run, settings, space),
+               Seams(ledger, FakeEngine(), gitops.open_repo(tmp_path / "p", create=True),
+                     lambda e, **i: events.append((e, i))),
                f"sqlite:///{tmp_path / 'o.sqlite'}", planner=Wide())
     refused = [i["reason"] for e, i in events if e == "narrow_refused"]
     assert refused and any("[1, 1000000000] is not inside max-num-seqs's range" in r for r in refused), refused

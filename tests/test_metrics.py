@@ -26,7 +26,8 @@ def test_counters_are_differences_and_acceptance_is_derived():
 
 
 def test_labels_are_summed():
-    text = '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{a="1"} 2\nvllm:num_requests_waiting{a="2"} 3\n'
+    text = ('# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{a="1"} 2\n'
+            'vllm:num_requests_waiting{a="2"} 3\n')
     assert metrics.parse(text)["vllm:num_requests_waiting"] == 5.0
 
 

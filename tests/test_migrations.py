@@ -63,7 +63,8 @@ def test_an_old_ledger_opens_migrates_once_and_reads_as_a_new_one(tmp_path, fixt
     assert [t.decision for t in trials] in ([None] * 3, ["baseline", "accepted", "failed"])   # before its column: none
     assert any("agent/old/1" in line for line in report_text.summary(run, trials))
     # The figures under the names they have now, and under their old ones for saved SQL (aliases).
-    assert ([t.figure for t in trials], trials[1].search_ratio, run.baseline_figure) == ([18.0, 22.0, None], 1.222, 18.0)
+    assert ([t.figure for t in trials], trials[1].search_ratio, run.baseline_figure) == (
+        [18.0, 22.0, None], 1.222, 18.0)
     old = db.execute("SELECT tps, tps_ratio FROM trials ORDER BY number").fetchall()
     assert old == [(18.0, None), (22.0, 1.222), (None, None)]
     assert db.execute("SELECT baseline_tps FROM runs").fetchall() == [(18.0,)]

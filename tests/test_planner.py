@@ -66,7 +66,8 @@ def test_on_a_gpu_speculation_is_ngram_gpu_with_async_scheduling_and_k_follows_t
     ks = [p.params["speculative-config.num_speculative_tokens"] for p in say(at4, sampled_share=0.0)]
     assert ks == [8, 2] and all(not gpu.problems(p.params) for p in say(at4, sampled_share=0.0))
     # The mean acceptance length orders the moves: 3.65 of 5 (the H200's, k=4) doubles first; 1.4 halves first.
-    long_ = [trial(0, {}), trial(1, first.params, {"spec_acceptance_rate": 0.1, "spec_mean_acceptance_length": 3.65}, ratio=1.5)]
+    long_ = [trial(0, {}),
+             trial(1, first.params, {"spec_acceptance_rate": 0.1, "spec_mean_acceptance_length": 3.65}, ratio=1.5)]
     short = [trial(0, {}), trial(1, first.params, {"spec_mean_acceptance_length": 1.4}, ratio=1.1)]
     assert [p.params["speculative-config.num_speculative_tokens"] for p in say(long_, sampled_share=0.0)] == [8, 2]
     (halve, _) = say(short, sampled_share=0.0)
@@ -92,7 +93,8 @@ def test_the_defaults_own_answers_decide_speculation_over_the_traffics_sampled_s
     # The H200's realistic default: its answers repeat 43% and ngram_gpu measured 0.45x there.
     assert not say([defaults(0.43)], sampled_share=0.6)
     # The CPU: ngram lost even at challenge-cpu's 67%; only answers that repeat more get it first.
-    cpu = lambda share: [p for p in propose([defaults(share)], sampled_share=0.0) if "speculative-config.method" in p.params]  # noqa: E731
+    cpu = lambda share: [p for p in propose([defaults(share)], sampled_share=0.0)  # noqa: E731
+                         if "speculative-config.method" in p.params]
     assert not cpu(0.67) and cpu(0.85)[0].params["speculative-config.method"] == "ngram"
     assert say([Trial(number=0, params={}, metrics={}, figure=10, status="ok", source="baseline", measured={})],
                sampled_share=0.0)   # not measured (an older ledger): the sampled share decides, as before
@@ -124,7 +126,8 @@ def test_on_a_gpu_answers_that_repeat_most_of_their_words_start_with_the_longer_
     assert fallback.params == {**long_.params, "speculative-config.num_speculative_tokens": 4,
                                "speculative-config.prompt_lookup_max": 4} and "k=8 (trial 1)" in fallback.rationale
     assert not say([defaults(0.85), trial(1, long_.params, ratio=0.9, passed=False)])
-    assert not say([defaults(0.85), trial(1, long_.params, ratio=1.2, passed=False), trial(2, fallback.params, passed=False)])
+    assert not say([defaults(0.85), trial(1, long_.params, ratio=1.2, passed=False),
+                    trial(2, fallback.params, passed=False)])
 
 
 def test_batching_and_kv_moves_cite_the_metric_that_triggered_them():
@@ -172,7 +175,8 @@ def test_under_goodput_the_slo_the_defaults_broke_first_moves_the_token_budget_a
     say = lambda history, facts=h200: [p for p in BuiltinPlanner().propose(gpu, RUN, history, facts, k=5)  # noqa: E731
                                        if "max-num-batched-tokens" in p.params]
     (itl,) = say([defaults_under_goodput(["itl_p99_ms 260 > 200"])])
-    assert itl.params == {"max-num-batched-tokens": 4096, "enable-chunked-prefill": True} and not gpu.problems(itl.params)
+    assert (itl.params == {"max-num-batched-tokens": 4096, "enable-chunked-prefill": True}
+            and not gpu.problems(itl.params))
     assert "inter-token p99 alone broke its SLO (260 ms, TTFT p99 held at 1800 ms)" in itl.rationale
     assert "vLLM's 8192 here to 4096" in itl.rationale and "0.55 requests/s" in itl.rationale
     (ttft,) = say([defaults_under_goodput(["ttft_p99_ms 1800 > 1500"])])
@@ -182,14 +186,17 @@ def test_under_goodput_the_slo_the_defaults_broke_first_moves_the_token_budget_a
     assert say([defaults_under_goodput(["itl_p99_ms 260 > 200"])], a100)[0].params["max-num-batched-tokens"] == 1024
     b200 = {**h200, "gpus": ["NVIDIA B200, 183359 MiB"]}
     assert say([defaults_under_goodput(["ttft_p99_ms 1800 > 1500"])], b200)[0].params["max-num-batched-tokens"] == 32768
-    cpu = [p for p in propose([defaults_under_goodput(["itl_p99_ms 260 > 200"])]) if "max-num-batched-tokens" in p.params]
+    cpu = [p for p in propose([defaults_under_goodput(["itl_p99_ms 260 > 200"])])
+           if "max-num-batched-tokens" in p.params]
     assert cpu and cpu[0].params["max-num-batched-tokens"] == 1024 and not SPACE.problems(cpu[0].params)
     for misses in (["e2e_p99_ms 36795.8 > 30000"], ["ttft_p99_ms 1800 > 1500", "itl_p99_ms 260 > 200"],
                    ["3 of 24 requests failed", "itl_p99_ms 260 > 200"]):
         assert not say([defaults_under_goodput(misses)]), misses
-    disagree = [defaults_under_goodput(["itl_p99_ms 260 > 200"]), defaults_under_goodput(["ttft_p99_ms 1800 > 1500"], 1)]
+    disagree = [defaults_under_goodput(["itl_p99_ms 260 > 200"]),
+                defaults_under_goodput(["ttft_p99_ms 1800 > 1500"], 1)]
     assert not say(disagree)
-    agree = [defaults_under_goodput(["itl_p99_ms 260 > 200"]), defaults_under_goodput(["itl_p99_ms 230 > 200"], 1, "aa")]
+    agree = [defaults_under_goodput(["itl_p99_ms 260 > 200"]),
+             defaults_under_goodput(["itl_p99_ms 230 > 200"], 1, "aa")]
     assert say(agree)
     set_already = trial(1, {"max-num-batched-tokens": 2048}, ratio=1.2)
     assert not say([defaults_under_goodput(["itl_p99_ms 260 > 200"]), set_already])
@@ -208,7 +215,8 @@ def measured_on_h100(tag: str, params: dict | None = None, number: int = 0, sour
     run_instance, _, shape = tag.rpartition(".")
     row = next(json.loads(line) for name in ("levers-first.jsonl", "levers-frontend.jsonl")
                for line in (GPU_DATA / name).read_text().splitlines()
-               if f"{json.loads(line)['run']}-{json.loads(line)['instance']:03d}-{json.loads(line)['lever']}" == run_instance
+               if f"{json.loads(line)['run']}-{json.loads(line)['instance']:03d}-"
+                  f"{json.loads(line)['lever']}" == run_instance
                and json.loads(line).get("shape") == shape)
     text = gzip.open(GPU_DATA / f"{tag}.metrics.txt.gz", "rt").read()
     from_text = metrics.summarize({}, metrics.parse(text), metrics.Sampler("unused"), row["api_cpu_share"])

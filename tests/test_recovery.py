@@ -260,7 +260,8 @@ def test_a_worker_stopped_between_its_record_and_its_tell_tells_optuna_what_the_
                          space_hash="h", workload="smoke", repo="", settings={}))
     me = ledger.add(Worker(run_id="r", name="h/1", host="h", pid=os.getpid(), slot=1, device="cores 1", role="worker"))
     study = studies.open("r", storage, seed=0)
-    recorded = [dict(status="ok", search_ratio=1.42, constraint=0.0), dict(status="pruned", search_ratio=0.61, constraint=0.0),
+    recorded = [dict(status="ok", search_ratio=1.42, constraint=0.0),
+                dict(status="pruned", search_ratio=0.61, constraint=0.0),
                 dict(status="failed", failure_class="oom", constraint=1.0)]
     twins = {}
     for n, fields in enumerate(recorded):
@@ -344,7 +345,8 @@ def test_doctor_finds_a_trial_server_that_outlived_its_trial(tmp_path, monkeypat
 
 class DiskFullLedger(Ledger):
     """Every write after the n-th fails as SQLite does when the disk is full (row claims, transitions,
-    results and updates: every way a trial's figures and its gate's verdict are written); `gate_write` becomes the number of the
+    results and updates: every way a trial's figures and its gate's verdict are written); `gate_write` becomes
+    the number of the
     first write of a gate's verdict (decision.judge), for a test to fill the disk exactly there."""
 
     def __init__(self, path, n):
@@ -423,7 +425,8 @@ def test_a_real_full_disk_ends_agent_run_with_one_line_and_the_next_command_goes
         again = run_agent(home, "run", "--budget", "60s", "--model", str(embedded_model), "--max-trials", "4")
     else:
         (run,) = runs
-        measured = [t for t in Ledger(home / "ledger.sqlite").trials(run.id) if t.figure and t.source in ("planner", "sampler")]
+        measured = [t for t in Ledger(home / "ledger.sqlite").trials(run.id)
+                    if t.figure and t.source in ("planner", "sampler")]
         assert measured and lines[-1].endswith(f"then: agent run --resume {run.id}"), (limit, measured, lines[-1])
         again = run_agent(home, "run", "--resume", run.id)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -507,7 +510,8 @@ def test_a_trial_that_leaves_the_machine_dirty_stops_the_run_instead_of_blaming_
                          workload="smoke", repo="", settings={"home": str(tmp_path)}))
     with pytest.raises(DirtyMachine, match="GPU memory not released"):
         run_search(RunContext(run, Settings(model="m", workload="smoke", recheck=False), space),
-                   Seams(ledger, DirtyAfter(), gitops.open_repo(tmp_path / "p", create=True)), f"sqlite:///{tmp_path / 'o.sqlite'}")
+                   Seams(ledger, DirtyAfter(), gitops.open_repo(tmp_path / "p", create=True)),
+                   f"sqlite:///{tmp_path / 'o.sqlite'}")
     last = ledger.trials("x")[-1]
     assert last.status == "failed" and last.failure_class == "unclean_teardown"
     assert len([t for t in ledger.trials("x") if t.source != "baseline"]) == 2   # no trial after it

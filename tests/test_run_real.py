@@ -233,7 +233,8 @@ def test_the_users_chat_traffic_is_served_through_the_chat_endpoint_and_kept_pri
         assert len(greedy) == 8 and all(len(g["token_ids"]) >= 1 for g in greedy)
         assert all(len(g["id"]) == 16 and g["text"] == "" for g in greedy)
         for g in greedy:   # the chat endpoint's logprobs, read into the same top-k by token id
-            assert g["top_logprobs"] and all(str(t) in top for t, top in zip(g["token_ids"], g["top_logprobs"], strict=False))
+            assert g["top_logprobs"] and all(str(t) in top
+                                             for t, top in zip(g["token_ids"], g["top_logprobs"], strict=False))
     # The two baseline instances (the defaults) reproduce the greedy outputs of the same requests.
     first, second = (json.loads((home / run.id / f"trial-00{n}" / "result.json").read_text())["quality"]["greedy"]
                      for n in (1, 2))
@@ -285,5 +286,6 @@ def test_a_sigkill_inside_the_candidates_benchmark_costs_no_candidate(real_run):
     assert again, [(t.number, t.source, t.status) for t in trials]
     assert again[0].source in ("planner", "sampler") and again[0].status == "ok" and again[0].figure > 0
     assert again[0].decision in ("accepted", "refused", "speed-only", "pruned", "dominated"), again[0].decision
-    assert datetime.fromisoformat(again[0].finished_at) <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=120)
+    assert (datetime.fromisoformat(again[0].finished_at)
+            <= datetime.fromisoformat(run.deadline_at) + timedelta(seconds=120))
 

@@ -32,7 +32,8 @@ def test_a_signal_mid_trial_stops_the_run_with_the_trial_recorded_and_resumable(
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         deadline = time.monotonic() + 240
-        while not any(e.get("event") == "trial" and e.get("source") in ("planner", "sampler") for e in events(home)):   # a candidate is in flight
+        # a candidate is in flight
+        while not any(e.get("event") == "trial" and e.get("source") in ("planner", "sampler") for e in events(home)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-2000:]
             time.sleep(0.2)
         time.sleep(0.5)
@@ -74,12 +75,14 @@ def test_the_runs_traffic_template_and_perplexity_text_are_its_own_copies_checke
     traffic = mine / "chat.jsonl"
     traffic.write_text((ROOT / "sandbox/data/traffic/chat.jsonl").read_text())
     text = mine / "ppl.txt"
-    text.write_text("The quick brown fox jumps over the lazy dog. " * 40 + "\n\n" + "A second paragraph of plain text. " * 40 + "\n")
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40 + "\n\n"
+                    + "A second paragraph of plain text. " * 40 + "\n")
     env = {**os.environ, "AGENT_HOME": str(home), "AGENT_TEST_TRIAL_S": "0.05", "COLUMNS": "300"}
     agent = [sys.executable, str(ROOT / "tests" / "agent_with_seam_engine.py"), "run"]
     first = subprocess.run([*agent, "--budget", "20s", "--model", str(embedded_model), "--max-trials", "1",
                             "--traffic", str(traffic), "--chat-template", str(template),
-                            "--quality-text", str(text)], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+                            "--quality-text", str(text)],
+                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     ledger = Ledger(home / "ledger.sqlite")
     (run,) = ledger.runs()
@@ -93,12 +96,14 @@ def test_the_runs_traffic_template_and_perplexity_text_are_its_own_copies_checke
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     (inputs / "ppl.txt").write_text("edited\n")
     ledger.update(ledger.run(run.id), status="stopped")
-    refused = subprocess.run([*agent, "--resume", run.id], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    refused = subprocess.run([*agent, "--resume", run.id], env=env, capture_output=True, text=True, timeout=300,
+                             cwd=ROOT)
     said = " ".join(refused.stderr.split())   # one message (the console wraps it at its width)
     assert refused.returncode == 2 and said.startswith("error: --resume:") and said.count("error:") == 1, said
     assert f"--resume: its perplexity text ({inputs / 'ppl.txt'}) changed since run {run.id} started" in said
     (inputs / "ppl.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40 + "\n\n"
                                     + "A second paragraph of plain text. " * 40 + "\n")
     (inputs / "chat.jinja").write_text("{{ messages }}")
-    refused = subprocess.run([*agent, "--resume", run.id], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    refused = subprocess.run([*agent, "--resume", run.id], env=env, capture_output=True, text=True, timeout=300,
+                             cwd=ROOT)
     assert refused.returncode == 2 and "its traffic or chat template" in refused.stderr, refused.stderr

@@ -26,7 +26,8 @@ def test_conditional_knobs_only_where_they_apply():
     assert any("only applies when" in p for p in space.problems(off))
     flags, _ = space.to_flags_env({"speculative-config.method": "none"})
     assert "speculative-config" not in flags
-    flags, _ = space.to_flags_env({"speculative-config.method": "ngram", "speculative-config.num_speculative_tokens": 4})
+    flags, _ = space.to_flags_env({"speculative-config.method": "ngram",
+                                   "speculative-config.num_speculative_tokens": 4})
     assert flags["speculative-config"] == {"method": "ngram", "num_speculative_tokens": 4}
 
 

@@ -22,7 +22,8 @@ def sb():
 
 
 CONFIG_CPU = ("model='/work/main/runs/models/gemma-3-270m', speculative_config=None, dtype=torch.bfloat16, "
-              "max_seq_len=2048, enforce_eager=False, compilation_config={'mode': <CompilationMode.DYNAMO_TRACE_ONCE: 2>, "
+              "max_seq_len=2048, enforce_eager=False, "
+              "compilation_config={'mode': <CompilationMode.DYNAMO_TRACE_ONCE: 2>, "
               "'cache_dir': '', 'cudagraph_capture_sizes': []}")
 
 CPU_0_32 = [
@@ -114,7 +115,8 @@ def test_gpu_0_26_lines_give_compile_capture_and_the_aot_path(sb):
 def test_cold_compile_lines_are_summed(sb):
     lines = [[1.0, "INFO 12-06 10:00:01 [backends.py:1156] Dynamo bytecode transform time: 7.25 s"],
              [9.0, "INFO 12-06 10:00:09 [backends.py:393] Compiling a graph for compile range (1, 8192) takes 21.50 s"],
-             [9.5, "INFO 12-06 10:00:09 [backends.py:393] Compiling a graph for compile range (8192, 8192) takes 2.00 s"],
+             [9.5, "INFO 12-06 10:00:09 [backends.py:393] Compiling a graph for compile range (8192, 8192) "
+                   "takes 2.00 s"],
              [12.0, "INFO 12-06 10:00:12 [decorators.py:708] saved AOT compiled function to /x/model"],
              [12.1, "INFO 12-06 10:00:12 [monitor.py:53] torch.compile took 33.10 s in total"],
              [13.0, "INFO 12-06 10:00:13 [decorators.py:677] torch.compile and initial profiling/warmup run together "
@@ -126,8 +128,10 @@ def test_cold_compile_lines_are_summed(sb):
 
 
 def test_normalise_keeps_the_config_and_drops_what_differs_per_start(sb):
-    a = sb.normalise("x=/tmp/r1/vllm port=20001 at 0x7f31dbc5d008 pid=12 http://127.0.0.1:20001/v1", {"/tmp/r1": "<cache>"})
-    b = sb.normalise("x=/tmp/r2/vllm port=20417 at 0x7f00aaaa0000 pid=99 http://127.0.0.1:20417/v1", {"/tmp/r2": "<cache>"})
+    a = sb.normalise("x=/tmp/r1/vllm port=20001 at 0x7f31dbc5d008 pid=12 http://127.0.0.1:20001/v1",
+                     {"/tmp/r1": "<cache>"})
+    b = sb.normalise("x=/tmp/r2/vllm port=20417 at 0x7f00aaaa0000 pid=99 http://127.0.0.1:20417/v1",
+                     {"/tmp/r2": "<cache>"})
     assert a == b == "x=<cache>/vllm port=<port> at 0x<addr> pid=<pid> http://127.0.0.1:<port>/v1"
     assert sb.normalise("max_seq_len=2048, block_size=16") == "max_seq_len=2048, block_size=16"
 

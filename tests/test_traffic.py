@@ -47,7 +47,8 @@ def sharegpt_rows(n: int) -> list[dict]:
         {"from": "gpt", "value": " ".join(["word"] * (5 + 3 * i))},
         {"from": "human", "value": "thanks"}]} for i in range(n)]
     rows.append({"id": "no-reply", "conversations": [{"from": "human", "value": "hello there my friend"}]})
-    rows.append({"id": "short", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a b c d e"}]})
+    rows.append({"id": "short", "conversations": [{"from": "human", "value": "hi"},
+                                                  {"from": "gpt", "value": "a b c d e"}]})
     return rows
 
 
@@ -93,7 +94,8 @@ def test_a_trace_is_read_with_the_timing_vllm_reads_from_it(tmp_path):
                                  timed_trace_label_hash_ids="hash_ids").sample(tokenizer=FakeVocab(), num_requests=6)
     ours = load(trace)
     assert ours.format == "trace" and len(theirs) == 6
-    assert [(r.timestamp, r.max_tokens) for r in ours.requests] == [(s.timestamp, s.expected_output_len) for s in theirs]
+    assert ([(r.timestamp, r.max_tokens) for r in ours.requests]
+            == [(s.timestamp, s.expected_output_len) for s in theirs])
     bare = write_jsonl(tmp_path / "bare.jsonl", [{"timestamp": 0, "input_length": 6, "output_length": 8}])
     with pytest.raises(TrafficError, match=":1: a request needs exactly one of prompt"):
         load(bare)   # lengths alone: the meter sends real requests, not made-up tokens

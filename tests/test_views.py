@@ -72,7 +72,8 @@ def test_the_reports_read_views_and_a_view_derives_the_claim_as_its_row_does(tmp
         (1.1, "1.100x held-out [1.050, 1.200]")
     seen = []
     real = status.describe
-    monkeypatch.setattr(status, "describe", lambda run, trials, *a, **k: seen.append((run, trials)) or real(run, trials, *a, **k))
+    monkeypatch.setattr(status, "describe",
+                        lambda run, trials, *a, **k: seen.append((run, trials)) or real(run, trials, *a, **k))
     assert any("agent/r/0" in line for line in status.status(ledger, run, tmp_path))
     assert [type(x).__name__ for x in (seen[0][0], *seen[0][1])] == ["RunView", "TrialView"]
     assert any("1.100x held-out" in line for line in report_text.summary(*views.of_run(ledger, "r")))

@@ -188,7 +188,8 @@ def test_a_worker_killed_mid_benchmark_leaves_nothing_once_reaped(tmp_path, fake
 
     fake_mode(mode)
     progress = tmp_path / "progress.json"
-    code = ("import sys; from pathlib import Path; from sandbox import server, spec; from sandbox.worker import run_trial; "
+    code = ("import sys; from pathlib import Path; from sandbox import server, spec; "
+            "from sandbox.worker import run_trial; "
             "server.PASSTHROUGH_ENV = (*server.PASSTHROUGH_ENV, 'FAKE_MODE'); "   # as the fake_mode fixture does here
             "s = spec.from_dict({'model': 'fake', 'workload': {'name': 'long', 'meter_version': 1, "
             "'concurrency': 1, 'num_prompts': 250, 'max_tokens': 64, 'ignore_eos': True, 'temperature': 0.0, "
@@ -278,7 +279,8 @@ def test_the_server_receives_no_held_out_request_in_search_and_none_twice(tmp_pa
     heldout = {r.body["prompt"] for r in load_traffic(traffic).split("heldout")}
     sent = [json.loads(line) for line in record.read_text().splitlines()]
     streamed = [s["body"]["prompt"] for s in sent if s["body"].get("stream")]
-    quality = [s["body"]["prompt"] for s in sent if not s["body"].get("stream") and isinstance(s["body"].get("prompt"), str)]
+    quality = [s["body"]["prompt"] for s in sent
+               if not s["body"].get("stream") and isinstance(s["body"].get("prompt"), str)]
     assert len(streamed) == 4 + 3 * 16 == len(set(streamed))   # warm-ups: twice the concurrency
     assert quality and not (set(streamed) | set(quality)) & heldout
 
@@ -357,7 +359,8 @@ def test_a_trials_processes_are_its_servers_session_only_while_the_record_says_i
 
     from agent.engine import trial_processes
 
-    child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    child = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             "time.sleep(60)")
     leader = subprocess.Popen([sys.executable, "-c", child], start_new_session=True, env={"PATH": os.environ["PATH"]})
     try:
         for _ in range(100):
