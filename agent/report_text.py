@@ -10,7 +10,7 @@ from rich.table import Table
 from agent import budget, objective, refusals
 from agent.gate import fmt_ms, geomean
 from agent.ledger import LearnedRule, RangeChange
-from agent.states import DEFAULTS_ON_SEARCH, Decision, Source, Status
+from agent.states import CANDIDATES, DEFAULTS_ON_SEARCH, Decision, Source, Status
 from agent.views import RunView, TrialView
 
 P99S = (("ttft_p99_ms", "TTFT"), ("itl_p99_ms", "ITL"))
@@ -44,6 +44,26 @@ def on_latency(t: TrialView) -> bool:
     return t.decision == Decision.REFUSED and any(r.startswith(("latency:", "SLO:")) for r in t.gate_reasons or [])
 
 
+def defaults_best(run: RunView, trials: list[TrialView]) -> Iterator[str]:
+    """Where a run accepted nothing though it measured candidates: the defaults are the best config it
+    found for this traffic, said with the best candidate's figure; on a GPU, with the levers the lever
+    table measured winning on no shape (agent.planner.WON_NOWHERE), which were no first moves."""
+    from agent.planner import WON_NOWHERE
+
+    measured = [t for t in trials if t.source in CANDIDATES and t.search_ratio is not None]
+    if any(t.branch for t in trials) or not measured:
+        return
+    best = max(measured, key=lambda t: t.search_ratio or 0.0)
+    decided = [t for t in measured if t.heldout_ratio is not None]
+    yield (f"  the defaults are the best config this run found for this traffic: none of {len(measured)} "
+           f"candidates measured beat them (the best, trial {best.number}, read {best.search_ratio:.3f}x on "
+           f"the search prompts; {len(decided)} reached a held-out decision); nothing was branched")
+    if (run.hardware or {}).get("kind") == "gpu":
+        yield ("  on a GPU under load the lever table found no lever winning on the embedded model, and these "
+               "were no first moves: " + "; ".join(f"{name}: {why}" for name, why in WON_NOWHERE.items())
+               + ' (docs/results.md, "What binds under load on a GPU?")')
+
+
 def summary(run: RunView, trials: list[TrialView]) -> Iterator[str]:
     """The lines a finished run ends with."""
     accepted = [t for t in trials if t.branch]
@@ -51,6 +71,7 @@ def summary(run: RunView, trials: list[TrialView]) -> Iterator[str]:
     yield (f"finished: run {run.id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
            f"baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} (noise ±{run.noise:.1%} "
            f"log-sd, {run.noise_df} df)")
+    yield from defaults_best(run, trials)
     for t in sorted(accepted, key=lambda t: -t.claimed_ratio):
         yield (f"  {t.branch}: {t.figure:.2f} {objective.of(t.meter).unit}, {claim(t)}, ppl {t.ppl_change:+.2%}, "
                f"{latencies(t, trials)}")
@@ -134,4 +155,5 @@ def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule],
         yield (f"  trial {t.number} refused on latency: {t.search_ratio:.3f}x search, {latencies(t, trials)} "
                f"[{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
     if not accepted:
-        yield "  no accepted config yet"
+        said = list(defaults_best(row, trials)) if row.status == "finished" else []
+        yield from said or ["  no accepted config yet"]

@@ -49,3 +49,26 @@ def test_the_branch_table_has_a_latency_column():
     console = Console(width=400, record=True)
     console.print(report_text.branch_table(trials))
     assert "p99 TTFT 118 ms (defaults 130), ITL 19 ms (defaults 21)" in console.export_text()
+
+
+def test_a_run_that_beat_nothing_says_the_defaults_are_best_and_on_a_gpu_cites_the_lever_table():
+    """Issue 44: a finished run that measured candidates and branched none says the defaults are the best
+    it found for this traffic (the best candidate's figure beside it); on a GPU it names the levers the
+    lever table measured winning nowhere (agent.planner.WON_NOWHERE), with their figures."""
+    from agent.planner import WON_NOWHERE
+
+    run, trials = rows()
+    lost = [t for t in trials if not t.branch]   # the accepted trial 3 left out: nothing was branched
+    lines = list(report_text.summary(run, lost))
+    assert lines[1] == ("  the defaults are the best config this run found for this traffic: none of 1 candidates "
+                        "measured beat them (the best, trial 4, read 1.070x on the search prompts; 0 reached a "
+                        "held-out decision); nothing was branched")
+    assert len(lines) == 2   # a CPU host: no lever table cited
+    gpu = Run(**{**{c.name: getattr(run, c.name) for c in Run.__table__.columns},
+                 "hardware": {"kind": "gpu", "gpus": ["NVIDIA H100 80GB HBM3"]}})
+    cited = list(report_text.report(gpu, lost, [], []))[-1]
+    assert cited.startswith("  on a GPU under load the lever table found no lever winning on the embedded model")
+    assert all(f"{name}: {why}" in cited for name, why in WON_NOWHERE.items()) and "docs/results.md" in cited
+    assert not [line for line in report_text.summary(run, trials) if "defaults are the best" in line]   # branched
+    going = Run(**{**{c.name: getattr(run, c.name) for c in Run.__table__.columns}, "status": "running"})
+    assert list(report_text.report(going, lost, [], []))[-1] == "  no accepted config yet"
