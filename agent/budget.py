@@ -31,8 +31,8 @@ def seconds_left(deadline_iso: str, now: datetime | None = None) -> float:
     return (datetime.fromisoformat(deadline_iso) - (now or datetime.now(UTC))).total_seconds()
 
 
-# A first start compiles what later starts find cached: on the H200 241 s cold against 64-133 s
-# warm (docs/results.md). Before a warm start has been seen, a plan from the first instance alone is
+# A first start compiles what later starts find cached, and takes several times a warm one's time
+# (docs/results.md). Before a warm start has been seen, a plan from the first instance alone is
 # an upper bound, and the run stops early only if even starts this much cheaper would not fit.
 WARM_START = 0.25
 

@@ -89,8 +89,8 @@ def project_wheel(out: Path) -> Path:
 def interpreter(version: str) -> str:
     """A Python of the target's version. pip evaluates each package's markers with the interpreter it
     runs under, not its --python-version: resolved by this host's 3.11 for a 3.12 target, vLLM 0.26's
-    `setuptools<81; python_version > "3.11"` was skipped and the bundle lacked the setuptools the H200
-    image needed (its 81.0.0 does not satisfy it)."""
+    `setuptools<81; python_version > "3.11"` was skipped and the bundle lacked the setuptools a GPU
+    image needed (its own 81.0.0 does not satisfy it)."""
     if version == f"{sys.version_info.major}.{sys.version_info.minor}":
         return sys.executable
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
@@ -189,7 +189,7 @@ def build(out: Path, target: Target, say=lambda s: None) -> dict:
     roots = [f"agent[{extras}] @ {wheel.as_uri()}", *BUILD]
     resolved = resolve(roots, target)
     # The build backend always travels: `pip install -e .` builds in an isolated environment that sees
-    # only the folder, not the target's own setuptools (the H200 image: "no version satisfies setuptools>=68").
+    # only the folder, not the target's own setuptools (a GPU image: "no version satisfies setuptools>=68").
     bundled = {canonicalize_name(p["metadata"]["name"]) for p in resolved}
     backend = [p for p in resolve(BUILD, replace(target, installed={}))
                if canonicalize_name(p["metadata"]["name"]) not in bundled]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sandbox.contract import MIN_TRANSFORMERS, engine_info, gpu_memory_used_mib, gpus, visible_ids
 
-# A night writes a torch.compile cache per distinct config (tens of MB each on the H200), the
+# A night writes a torch.compile cache per distinct config (tens of MB each on a GPU), the
 # trials' server logs and the embedded model (0.5 GB): 5 GiB free leaves room for hundreds of trials.
 MIN_FREE_GIB = 5.0
 # A GPU with no process of ours on it still shows a few hundred MiB in use (driver, persistence).

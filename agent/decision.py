@@ -127,9 +127,9 @@ def heldout_s(t: Trial, heldout_points: int) -> float:
 
 def defaults_like(history: list[Trial], heldout_points: int = 0) -> Trial:
     """The instance of the defaults whose phases stand for an extra one's: the slowest but the cold
-    first one where others ran (the H200's first start took 213 s against 53-68 s later, and standing
-    for an extra instance it refused a decision's third look with 184 s left for one of about 100,
-    2026-12-04); an A/A counts by its own held-out phase."""
+    first one where others ran (a host's first start compiles what later ones reuse, several times
+    as long: standing for an extra instance it once refused a look that fitted, docs/history.md);
+    an A/A counts by its own held-out phase."""
     ran = [t for t in history if t.source in (Source.BASELINE, Source.AA) and t.status == Status.OK]
     return max(ran[1:] or ran, key=lambda t: heldout_s(t, heldout_points))
 

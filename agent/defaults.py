@@ -17,8 +17,8 @@ from sandbox.contract import goodput_lower_bound
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
 # More instances of a noisy host's defaults narrow every bound, but a run that spends its budget on
-# them tries little: on the H200 an 18-minute run spent 6 of its 16 minutes on three such instances
-# and had room for one held-out look at one candidate (docs/results.md, 2026-12-04). Past this share
+# them tries little (a short GPU run once spent over a third of its time on them and had room for
+# one held-out look at one candidate: docs/history.md). Past this share
 # of the budget (the baseline's and the A/A's instances included) no more are measured; the bounds
 # stay as wide as the noise measured says, and a night's run (6 instances in minutes) never meets it.
 DEFAULTS_SHARE = 1 / 3

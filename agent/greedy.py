@@ -12,10 +12,9 @@ import math
 from dataclasses import dataclass
 
 # bf16 keeps 8 significant bits, so a logit in [16, 32), where this model's top logits sit, moves
-# in steps of 1/8. Every near-tie flip measured, between the H200's instances of the defaults and
-# by ngram speculation on the CPU build (whose instances otherwise agree token for token), was at
-# 0.0 or 0.125 nats: a change of kernel, batch shape or reduction order moves a logit by about one
-# step, so a near-tie within one step is numerics, and beyond two it is the config's.
+# in steps of 1/8: a change of kernel, batch shape or reduction order moves a logit by about one
+# step, so a near-tie within one step is numerics, and beyond two it is the config's. (Every
+# near-tie flip measured so far was at 0 or 1/8 nats: docs/meters-and-gate.md.)
 TAU_FLOOR = 1 / 8
 TAU_CAP = 1 / 4
 KL_FLOOR = 0.002    # nats: the mean KL a reordered reduction leaves on the shared prefix (see docs)

@@ -86,19 +86,17 @@ def _tried(history: list[Trial]) -> set[str]:
 
 # Prompt lookup pays where answers repeat their context. The defaults' own answers on the search
 # split say how much they do (sandbox.bench.lookup_hits, in words); below this share speculation is
-# not a first move (the sampler may still draw it). Measured (docs/results.md, 2026-12-04): on the
-# H200 the realistic default's answers repeat 43% and ngram_gpu k=4 ran 0.45x there (acceptance 13%);
-# challenge-short's repeat 84-87% and it ran 1.23-1.81x (61%): 0.6 lies between. On the CPU ngram
-# lost even at 67% (challenge-cpu: 0.64x against core binding alone, acceptance 72%) and at 20%
-# (0.75x), and no traffic has made it win: 0.8 is above every loss measured there, not a calibrated
-# win. Before the defaults measured it (older ledgers), the traffic's sampled share stands in:
-# sampled, EOS-terminated answers seldom repeat.
+# not a first move (the sampler may still draw it). On a GPU 0.6 lies between the traffic where
+# ngram_gpu lost (the realistic default, whose answers repeat less than half) and where it won (the
+# challenge meter's, most); on the CPU ngram has lost at every share measured, and 0.8 is above every
+# loss, not a calibrated win (docs/results.md, "What does one stream give on an H200?"). Before the
+# defaults measured it (older ledgers), the traffic's sampled share stands in: sampled,
+# EOS-terminated answers seldom repeat.
 REPEAT_MIN = {"gpu": 0.6, "cpu": 0.8}
 # The first draft length on a GPU. A drafted token is accepted about as often as an answer's word
 # repeats its context (share p), so a step yields about (1 - p^(k+1)) / (1 - p) tokens: at
-# challenge-short's 0.85, 3.7 at k=4 (the H200 measured a mean acceptance length of 3.43-3.65 there)
-# against 5.1 at k=8; and verifying a longer draft costs the GPU little at one stream. Measured on
-# that meter: k=8 1.81x, k=4 1.23-1.40x, k=16 1.46x (docs/results.md). At 0.8 or more the first
+# challenge-short's 0.85, 3.7 at k=4 against 5.1 at k=8; and verifying a longer draft costs the GPU
+# little at one stream (on that meter k=8 led k=4 and k=16: docs/results.md). At 0.8 or more the first
 # move drafts 8; below it 4, where longer drafts add about as much to verify as to accept. On the
 # CPU a longer draft costs its verification in full: k=4 there, tuned by acceptance.
 LONG_DRAFT_SHARE, LONG_DRAFT = 0.8, 8
@@ -127,8 +125,8 @@ def _draft_length(space: Space, start: dict, basis: str, history: list[Trial]):
     under-reports the rate (vllm#37150; the fix, vllm#44056, is not in 0.26): there by the mean
     acceptance length and the speed itself. Under async scheduling that length counts every step as
     a draft, so it reads as tokens per decode step, the figure speed follows: k is doubled first when
-    more than half of k is gained a step (3.65 of 5 at k=4 on the H200's challenge meter, where k=8
-    then led), halved first when not; a k measured already is not proposed again."""
+    more than half of k is gained a step (as on the challenge meter, where k=8 then led k=4),
+    halved first when not; a k measured already is not proposed again."""
     knob = space.knobs["speculative-config.num_speculative_tokens"]
     low, high = (int(x) for x in knob.range)
     best = max((t for t in history if t.params == start and t.status == Status.OK), key=lambda t: t.number,
@@ -327,7 +325,7 @@ class BuiltinPlanner:
             return
         if method == "none":
             # On a GPU the drafter runs on the device and keeps async scheduling, which the defaults
-            # already use (turning it off measured 0.92x on an H200); CPU ngram turns it off.
+            # already use (turning it off was slower: docs/results.md); CPU ngram turns it off.
             drafter = {"speculative-config.method": "ngram_gpu", "async-scheduling": True} if gpu else \
                 {"speculative-config.method": "ngram"}
             evidence = (f"the defaults' answers repeat their context for {repeats:.0%} of their words, as prompt "

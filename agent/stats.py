@@ -1,7 +1,7 @@
 """The gate's statistics, in one place. Server instances are the unit of noise.
 
 A server instance of a config measures its TPS once (the median of its repeats); two instances
-of the same config differ by a few percent on 2 CPU cores and by 7-15% on an H200. So every
+of the same config differ by several percent (docs/results.md, "How noisy is a server instance"). So every
 figure here is the log of an instance's TPS, the noise is the spread of those logs pooled over
 every group of instances of one config, and a ratio's bounds are Student-t prediction bounds
 for the candidate's instances against the defaults' instances.

@@ -28,8 +28,8 @@ SUSTAIN = 3              # a point's requests must arrive over at least 3 of the
 
 class Unsustained(Exception):
     """A rate point that held, but whose requests all arrived within a few of their own latencies: a
-    burst, not a sustained load, so holding it says nothing about the rate (measured on 2 cores,
-    2026-12-02: 4 requests a point let core binding "hold" 4.5 requests/s and a trace 462). The search
+    burst, not a sustained load, so holding it says nothing about the rate (4 requests a point once let
+    a trace "hold" 462 requests/s on 2 cores: docs/history.md). The search
     stops there: what held and broke below it stands; above it, points of this size cannot judge."""
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 NAME = "gemma-3-270m"
 READY_FILE = "agent-model.json"
 MAX_PPL = 30.0  # measured here: about 8 on the shipped text; a broken tokenizer gives thousands
-# transformers 5.17 (an H200 image's) builds a broken Gemma 3 tokenizer from the GGUF (perplexity in
+# transformers 5.17 (a GPU image's) builds a broken Gemma 3 tokenizer from the GGUF (perplexity in
 # the thousands); 5.19 builds a sound one here and there. pyproject.toml asks for it too.
 MIN_TRANSFORMERS = (5, 19)
 

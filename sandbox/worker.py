@@ -268,7 +268,7 @@ class TrialRun:
         heldout = spec.workload.with_split("heldout")
         if heldout.objective == "goodput":
             # The held-out split allows few points (the shipped trace's 52 requests: 2 of 24), too few
-            # to bracket from the profile's start (2026-12-04: held 0.73, a burst at 1.46, no figure):
+            # to bracket from the profile's start (docs/history.md: no figure came of it):
             # this server's search figure is where its held-out goodput lies, so the search starts there.
             near = self.result.bench.figure if self.result.bench and self.result.bench.figure else None
             self.result.bench_heldout = dataclasses.replace(self.goodput(heldout, start=near), hash=heldout.hash)

@@ -152,8 +152,8 @@ class Workload:
         the profile's warmup_requests; closed loop at concurrency C > 1 at least 2 C (the batch fills to C
         and drains through every width below), and on until they include every sampling path the
         search split's requests take (greedy or sampled, with each combination of SAMPLING_KEYS), so no
-        phase is the first to run a batch width or a sampler branch (2026-12-06, an H100 at concurrency 32
-        with 8 warm-ups: each instance's first phase read half its second)."""
+        phase is the first to run a batch width or a sampler branch (with too few warm-ups each instance's
+        first phase read half its second: docs/meters-and-gate.md)."""
         count = self.warmup_requests
         if self.concurrency > 1 and not self.arrival_profile().open_loop:
             count = max(count, WARMUP_PER_SLOT * self.concurrency)
