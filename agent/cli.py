@@ -106,25 +106,22 @@ def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the fo
 @traffic_app.command("random")
 def traffic_random(
     out: Path = typer.Argument(..., help="The traffic file to write (JSONL of OpenAI completions bodies)."),
-    input_len: int = typer.Option(256, help="Mean prompt length in the model's tokens "
-                                            "(vllm bench serve --random-input-len)."),
+    input_len: int = typer.Option(256, help="Mean prompt length in the model's tokens (--random-input-len)."),
     output_len: int = typer.Option(128, help="Mean output length in tokens (--random-output-len)."),
-    range_ratio: float = typer.Option(0.0, help="Lengths uniform within this share of the means "
-                                                "(--random-range-ratio)."),
+    range_ratio: float = typer.Option(0.0, help="Lengths uniform within a share of the means (--random-range-ratio)."),
     num_prompts: int = typer.Option(1000, help="How many requests (a goodput search wants hundreds)."),
     seed: int = typer.Option(0, help="The draw's seed: the same seed, model and lengths write the same file."),
-    ignore_eos: bool = typer.Option(True, help="Generate each output to its drawn length "
-                                               "(random prompts end anywhere)."),
+    ignore_eos: bool = typer.Option(True, help="Generate each output to its drawn length (prompts end anywhere)."),
     temperature: float = typer.Option(None, help="Sampling temperature (default: the server's, as vllm bench serve)."),
     rate: float = typer.Option(None, help="Write a trace: each request a timestamp, this many requests/s on average "
                                           "(for --arrivals trace)."),
     burstiness: float = typer.Option(1.0, help="With --rate: the gaps' gamma shape, 1 Poisson, below 1 burstier "
                                                "(vllm bench serve --burstiness)."),
-    model: str = typer.Option("embedded", help="Model folder whose tokenizer counts the lengths; "
-                                               "'embedded' is Gemma 3 270M."),
+    model: str = typer.Option("embedded", help="Model folder whose tokenizer counts lengths; embedded: Gemma 3 270M"),
 ) -> None:
     """Write a synthetic traffic file from prompt and output length distributions, drawn by vLLM's
-    random dataset: for `agent run --traffic FILE` until real traffic exists (docs/traffic.md)."""
+    random dataset (as `vllm bench serve --dataset-name random`): for `agent run --traffic FILE`
+    until real traffic exists (docs/traffic.md)."""
     from agent import synthetic
 
     shape = synthetic.Shape(input_len, output_len, range_ratio, num_prompts, seed, ignore_eos, temperature,
@@ -363,12 +360,12 @@ def ledger_list(
         return
     if as_csv:
         writer = csv.writer(sys.stdout)
-        writer.writerow(ledgers.LISTED)
-        writer.writerows([[getattr(t, c) for c in ledgers.LISTED] for t in rows])
+        writer.writerow(views.LISTED)
+        writer.writerows([[getattr(t, c) for c in views.LISTED] for t in rows])
         return
-    table = Table(*ledgers.LISTED)
+    table = Table(*views.LISTED)
     for t in rows:
-        table.add_row(*("" if getattr(t, c) is None else str(getattr(t, c)) for c in ledgers.LISTED))
+        table.add_row(*("" if getattr(t, c) is None else str(getattr(t, c)) for c in views.LISTED))
     out.print(table)
 
 

@@ -160,13 +160,6 @@ class Trial(Base):
         return f"{self.heldout_ratio:.3f}x held-out [{low:.3f}, {high:.3f}]"
 
 
-# The columns `agent ledger` lists: the latencies beside the ratio, since a faster config may have bought
-# its figure with latency (the defaults' own rows, source baseline/aa, show theirs).
-LISTED = ("run_id", "number", "source", "status", "failure_class", "figure", "drift", "search_ratio",
-          "heldout_ratio", "ttft_p99_ms", "itl_p99_ms", "ppl", "ppl_change", "agreement", "decision", "branch",
-          "worker_id")
-
-
 class Repeat(Base):
     """One measured phase behind a trial's figure (several per server, several servers for the baseline)."""
 

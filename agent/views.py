@@ -48,3 +48,10 @@ def run(row: Run):
 def of_run(ledger, run_id: str) -> tuple:
     """A run and its trials as a report reads them: (RunView, [TrialView])."""
     return run(ledger.run(run_id)), trials(ledger.trials(run_id))
+
+
+# The columns `agent ledger` lists: the latencies beside the ratio, since a faster config may have bought
+# its figure with latency (the defaults' own rows, source baseline/aa, show theirs).
+LISTED = ("run_id", "number", "source", "status", "failure_class", "figure", "drift", "search_ratio",
+          "heldout_ratio", "ttft_p99_ms", "itl_p99_ms", "ppl", "ppl_change", "agreement", "decision", "branch",
+          "worker_id")
