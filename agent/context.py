@@ -57,10 +57,42 @@ class Settings:
     home: Path | None = None       # where trial folders go (default: the run's home; a worker on another host: its own)
 
 
-def stored(settings: Settings) -> dict:
+@dataclass(frozen=True)
+class Inputs:
+    """What a run's row keeps beside its Settings: the options no step reads from Settings, as given,
+    and what preparing the run found. Kept flat beside the settings' own keys (`stored`), read back
+    by `inputs_of`; what an older row lacks reads as its default."""
+    budget: str = ""                       # --budget as given
+    budget_s: float | None = None
+    workers: int = 1                       # --workers: trials at once on the coordinator's host
+    planner: str = "builtin"               # builtin, off, or a litellm model string
+    planner_base_url: str | None = None
+    draft_models: list[str] = field(default_factory=list)   # as every trial loads them (a folder each)
+    model_given: str | None = None         # --model as given: embedded, a folder or a Hub id
+    max_model_len: int | None = None       # the context the run's traffic needs (agent.traffic.context_length)
+    choices: dict[str, list] = field(default_factory=dict)  # categorical choices as the coordinator's host has them
+    quality_text_hash: str | None = None   # the run's copy of --quality-text, as measured
+    traffic: dict | None = None            # the meter's summary (Workload.summary)
+    traffic_source: dict | None = None     # the user's --traffic file's summary
+    storage: str = "sqlite"                # sqlite or postgresql
+    arrivals: str | None = None            # --arrivals, --objective, --num-prompts and --slo-e2e-p99-ms as given
+    objective: str | None = None
+    num_prompts: int | None = None
+    slo_e2e_p99_ms: float | None = None
+
+
+def stored(settings: Settings, inputs: Inputs | None = None) -> dict:
     """The settings as the run row keeps them: the dataclass as is, under its own field names (the
-    `run` command's options carry the same names), so a resume and every worker read what was used."""
-    return {**asdict(settings), "home": str(settings.home) if settings.home else None}
+    `run` command's options carry the same names), so a resume and every worker read what was used;
+    the run's Inputs beside them."""
+    return {**asdict(settings), "home": str(settings.home) if settings.home else None,
+            **(asdict(inputs) if inputs else {})}
+
+
+def inputs_of(run: Run) -> Inputs:
+    """The run's Inputs from its row."""
+    o = run.settings or {}
+    return Inputs(**{f.name: o[f.name] for f in fields(Inputs) if f.name in o})
 
 
 def settings_of(run: Run) -> Settings:

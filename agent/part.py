@@ -24,7 +24,7 @@ from agent import ledger as ledgers
 from agent import space as spaces
 from agent import storage as storages
 from agent import study as studies
-from agent.context import RunContext, Seams, Settings, settings_of
+from agent.context import Inputs, RunContext, Seams, Settings, inputs_of, settings_of
 from agent.log import event_logger
 from agent.request import RunError, Stopped, choices, facts, load_space, served_model
 from agent.terminal import console, say
@@ -93,14 +93,14 @@ def coordinate(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
 
     home = Path(row.settings["home"])
     try:
-        slots = devices.slots(row.settings.get("workers", 1), gpu_count(), home)
+        slots = devices.slots(inputs_of(row).workers, gpu_count(), home)
     except devices.DeviceError as e:
         raise RunError(str(e)) from None
     part = take_part(ledger, row, slots[0], slots[0] if len(slots) > 1 else None)
     say_event = part.seams.say
-    say_event("run", id=row.id, budget=row.settings.get("budget", ""), deadline=row.deadline_at,
+    say_event("run", id=row.id, budget=inputs_of(row).budget, deadline=row.deadline_at,
               space=part.ctx.space.path, workload=row.workload)
-    planner = planner_for(row.settings, ledger, row.id, say_event)
+    planner = planner_for(inputs_of(row), ledger, row.id, say_event)
     try:
         with crew.Heartbeat(ledger, part.me):
             procs = crew.spawn(row.id, slots[1:], os.environ.get("AGENT_STORAGE"), home / row.id)
@@ -215,21 +215,21 @@ def ledger_gone(ledger: ledgers.Ledger, run_id: str, e: Exception) -> RunError:
                     f"Free the disk or bring the database back, then: agent run --resume {run_id}", 1)
 
 
-def planner_for(o: dict, ledger: ledgers.Ledger, run_id: str, say_event: Callable[..., None]):
+def planner_for(inputs: Inputs, ledger: ledgers.Ledger, run_id: str, say_event: Callable[..., None]):
     """The run's planner: None for the built-in one, the sampler alone ('off'), or an LLM's through
     litellm with the built-in one behind it (every call a ledger row)."""
-    if o.get("planner", "builtin") == "off":
+    if inputs.planner == "off":
         from agent.planner import NoPlanner
 
         return NoPlanner()
-    if o.get("planner", "builtin") == "builtin":
+    if inputs.planner == "builtin":
         return None
     from agent.llm_planner import FallbackPlanner, LLMPlanner
 
     def record(call) -> None:
         ledger.add(ledgers.PlannerCall(run_id=run_id, **vars(call)))
 
-    return FallbackPlanner(LLMPlanner(o["planner"], o.get("planner_base_url"), record=record), say_event)
+    return FallbackPlanner(LLMPlanner(inputs.planner, inputs.planner_base_url, record=record), say_event)
 
 
 def reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
@@ -277,8 +277,8 @@ def _inputs_changed(row: ledgers.Run) -> str | None:
         if load_workload(settings.workload).hash != row.workload_hash:
             given = settings.workload.get("traffic") or settings.workload.get("chat_template")
             return f"its traffic or chat template ({given})"
-        if row.settings.get("quality_text_hash") and settings.quality_text and \
-                file_digest(settings.quality_text) != row.settings["quality_text_hash"]:
+        kept = inputs_of(row).quality_text_hash
+        if kept and settings.quality_text and file_digest(settings.quality_text) != kept:
             return f"its perplexity text ({settings.quality_text})"
     except (OSError, ValueError) as e:
         return f"a file it reads ({e})"
@@ -289,8 +289,9 @@ def run_space(row: ledgers.Run) -> spaces.Space:
     """The space a run searches, as its row has it: its file (the shipped one of that name where the
     path is another host's), its drafts, its exactness and its context length."""
     space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
-    return load_space(space_path, row.settings.get("draft_models") or [], exact=settings_of(row).gate.exact,
-                      max_model_len=row.settings.get("max_model_len"))
+    inputs = inputs_of(row)
+    return load_space(space_path, inputs.draft_models, exact=settings_of(row).gate.exact,
+                      max_model_len=inputs.max_model_len)
 
 
 def run_settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spaces.Space]:
@@ -298,25 +299,25 @@ def run_settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, 
     model, home and facts this host's."""
     from sandbox.contract import hardware, load_workload
 
-    o = row.settings
-    settings = settings_of(row)
+    inputs, settings = inputs_of(row), settings_of(row)
     meter = load_workload(settings.workload)
-    settings = replace(settings, model=_model_here(row, o), home=home, facts=facts(hardware(), meter, settings.gate))
+    settings = replace(settings, model=_model_here(row, inputs), home=home,
+                       facts=facts(hardware(), meter, settings.gate))
     space = run_space(row)
     if space.hash != row.space_hash:
         raise RunError(f"{row.space_path} on this host is not the space run {row.id} searches (hash {space.hash}, "
                        f"the run's {row.space_hash})")
     for name, expanded in choices(space).items():
-        if name in o.get("choices", {}) and o["choices"][name] != expanded:
-            raise RunError(f"{name}: this host's choices {expanded} are not run {row.id}'s {o['choices'][name]} "
+        if name in inputs.choices and inputs.choices[name] != expanded:
+            raise RunError(f"{name}: this host's choices {expanded} are not run {row.id}'s {inputs.choices[name]} "
                            f"(a CPU host joins a run with the coordinator's number of cores)")
     return settings, space
 
 
-def _model_here(row: ledgers.Run, o: dict) -> str:
+def _model_here(row: ledgers.Run, inputs: Inputs) -> str:
     """The run's model on this host: the embedded one is prepared here if this host lacks it (a worker
     on another host); a folder must be at the same path; a Hub id loads the run's revision."""
-    if o.get("model_given") == "embedded" and not Path(row.model).is_dir():
+    if inputs.model_given == "embedded" and not Path(row.model).is_dir():
         return str(prepare_model(say=lambda s: say(f"  {s}")))
     return served_model(row.model, row.model_revision)
 

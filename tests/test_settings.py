@@ -1,6 +1,6 @@
 """A run's settings are stored as the run used them and read back the same, by the same names."""
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from agent.context import Settings, settings_of, stored
@@ -91,3 +91,27 @@ def test_a_model_folder_given_relative_to_here_is_made_absolute_even_where_it_lo
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(hub, "fetch", lambda *a, **k: (_ for _ in ()).throw(AssertionError("fetched from the Hub")))
     assert model_ready("models/tiny", say=print) == (str(tmp_path / "models" / "tiny"), None)
+
+
+def test_the_run_s_inputs_beside_its_settings_come_back_typed_and_an_older_row_reads_their_defaults(tmp_path):
+    """What `agent run` keeps beside Settings (budget, workers, planner, drafts, context length, the host's
+    choices, ...) is one dataclass, Inputs, stored flat beside the settings' keys and read back by
+    inputs_of: no reader takes them out of the row by string."""
+    from dataclasses import asdict
+
+    from agent.context import Inputs, inputs_of
+
+    given = Inputs(budget="8h", budget_s=28800.0, workers=4, planner="off", planner_base_url="http://h/v1",
+                   draft_models=["/models/d"], model_given="org/m", max_model_len=4096,
+                   choices={"VLLM_CPU_OMP_THREADS_BIND": ["auto", "0-1"]}, quality_text_hash="abc",
+                   traffic={"name": "mine"}, traffic_source={"path": "t.jsonl"}, storage="postgresql",
+                   arrivals="rate:4", objective="goodput", num_prompts=50, slo_e2e_p99_ms=900.0)
+    assert all(v != Inputs.__dataclass_fields__[k].default for k, v in asdict(given).items()
+               if not isinstance(v, (list, dict)))   # a field dropped on the way would read as its default
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    used = Settings(model="m", workload="smoke")
+    run = _run(ledger, stored(used, given))
+    assert inputs_of(run) == given and settings_of(run) == replace(used, home=None)
+    older = ledger.add(Run(id="r0", deadline_at="2026-12-03T00:00:00+00:00", model="m", space_path="s",
+                           space_hash="h", workload="smoke", repo="r", settings={"budget": "1h"}))
+    assert inputs_of(older) == Inputs(budget="1h")
