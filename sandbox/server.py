@@ -136,13 +136,6 @@ class Server:
         except psutil.Error:
             self.started = time.time()
 
-    @property
-    def served_name(self) -> str:
-        """The model name requests must carry: the server's own, once it is up (wait_ready)."""
-        if self.model_name is None:
-            raise RuntimeError("the server is not up: it has named no model yet")
-        return self.model_name
-
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 

@@ -62,6 +62,14 @@ def _interrupt(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
+def served(server) -> str:
+    """The model name requests carry: what the server said it serves once up (Server.wait_ready), or
+    what a script attached to a running server was given."""
+    if server.model_name is None:
+        raise RuntimeError("the server is not up: it has named no model yet")
+    return server.model_name
+
+
 async def _measure(server: Server, workload, requests: list, timeout_s: float,
                    pruner: bench.Pruner | None = None, offsets: list[float] | None = None
                    ) -> tuple[bench.BenchResult, dict]:
@@ -72,7 +80,7 @@ async def _measure(server: Server, workload, requests: list, timeout_s: float,
     sampling = asyncio.create_task(sampler.run(stop))
     api_cpu = server.api_cpu_seconds()
     try:
-        results, wall = await bench.run_requests(server.base_url, server.served_name, requests,
+        results, wall = await bench.run_requests(server.base_url, served(server), requests,
                                                  workload.concurrency, timeout_s, pruner, offsets)
     finally:
         stop.set()
@@ -209,7 +217,7 @@ class TrialRun:
         self.enter("warmup")
         workload = self.spec.workload
         with deadline(self.spec.deadlines.warmup_s, self.phase):
-            warm, _ = asyncio.run(bench.run_requests(self.server.base_url, self.server.served_name, workload.warmups(),
+            warm, _ = asyncio.run(bench.run_requests(self.server.base_url, served(self.server), workload.warmups(),
                                                      workload.concurrency, self.spec.deadlines.warmup_s))
         self.server.fail_if_dead(self.phase)
         if failed := [r for r in warm if not r.ok]:
@@ -286,8 +294,8 @@ class TrialRun:
         spec, server = self.spec, self.server
         assert spec.quality is not None   # run_trial measures quality only where the spec names a set
         with deadline(spec.deadlines.quality_s, self.phase), httpx.Client(timeout=spec.deadlines.quality_s) as client:
-            ppl = quality.perplexity(client, server.base_url, server.served_name, spec.quality)
-            greedy = quality.greedy_outputs(client, server.base_url, server.served_name, spec.quality,
+            ppl = quality.perplexity(client, server.base_url, served(server), spec.quality)
+            greedy = quality.greedy_outputs(client, server.base_url, served(server), spec.quality,
                                             spec.workload if spec.workload.traffic else None)
         server.fail_if_dead(self.phase)
         self.result.quality = Quality(ppl=ppl.ppl, nll=ppl.nll, ppl_tokens=ppl.tokens, ppl_windows=ppl.windows,
