@@ -51,7 +51,10 @@ def defaults_best(run: RunView, trials: list[TrialView]) -> Iterator[str]:
     from agent.planner import WON_NOWHERE
 
     measured = [t for t in trials if t.source in CANDIDATES and t.search_ratio is not None]
-    if any(t.branch for t in trials) or not measured:
+    # Accepted but not yet branched (a commit that failed, settled at a resume), or still to be decided:
+    # not a run the defaults won.
+    open_or_won = (Decision.ACCEPTED, Decision.PUT_FORWARD, Decision.AWAITING_RECHECK)
+    if any(t.branch or t.decision in open_or_won for t in trials) or not measured:
         return
     best = max(measured, key=lambda t: t.search_ratio or 0.0)
     decided = [t for t in measured if t.heldout_ratio is not None]

@@ -179,7 +179,8 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     heldout = raw.get("heldout_bench", False)
     if not isinstance(heldout, bool):
         raise SpecError(f"{source}.heldout_bench: {heldout!r} is not true or false")
-    stop_rules = _stop_rules(raw.get("stop_rules") or {}, f"{source}.stop_rules")
+    given = raw.get("stop_rules")
+    stop_rules = _stop_rules({} if given is None else given, f"{source}.stop_rules")
     quality_text = raw.get("quality_text")
     if quality_text is not None and not isinstance(quality_text, str):
         raise SpecError(f"{source}.quality_text: {quality_text!r} is not a file path")

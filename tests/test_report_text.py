@@ -70,5 +70,9 @@ def test_a_run_that_beat_nothing_says_the_defaults_are_best_and_on_a_gpu_cites_t
     assert cited.startswith("  on a GPU under load the lever table found no lever winning on the embedded model")
     assert all(f"{name}: {why}" in cited for name, why in WON_NOWHERE.items()) and "docs/results.md" in cited
     assert not [line for line in report_text.summary(run, trials) if "defaults are the best" in line]   # branched
+    for pending in ("accepted", "put_forward", "awaiting_recheck"):   # accepted, its commit not yet made; undecided
+        held = Trial(**{**{c.name: getattr(lost[-1], c.name) for c in Trial.__table__.columns}, "number": 5,
+                        "decision": pending})
+        assert not [line for line in report_text.summary(run, [*lost, held]) if "defaults are the best" in line]
     going = Run(**{**{c.name: getattr(run, c.name) for c in Run.__table__.columns}, "status": "running"})
     assert list(report_text.report(going, lost, [], []))[-1] == "  no accepted config yet"

@@ -56,6 +56,8 @@ def test_allowed_environment_is_stringified():
     ({"model": "m", "stop_rules": {"prune_below": -1}}, "stop_rules.prune_below: -1 is not a figure"),
     ({"model": "m", "stop_rules": {"stop_after": 3}}, "stop_rules: unknown rule 'stop_after'"),
     ({"model": "m", "stop_rules": [1]}, "stop_rules: [1] is not a mapping"),
+    ({"model": "m", "stop_rules": []}, "stop_rules: [] is not a mapping"),
+    ({"model": "m", "stop_rules": 0}, "stop_rules: 0 is not a mapping"),
     ({"model": "m", "prune_below": 1.0}, "unknown key 'prune_below'"),   # a stop rule only under its name
 ])
 def test_malformed_specs_are_refused(raw, needle):
