@@ -92,10 +92,7 @@ def coordinate(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
     from agent.loop import DirtyMachine, run_search
 
     home = Path(row.settings["home"])
-    try:
-        slots = devices.slots(inputs_of(row).workers, gpu_count(), home)
-    except devices.DeviceError as e:
-        raise RunError(str(e)) from None
+    slots = slots_here(inputs_of(row).workers, home)
     part = take_part(ledger, row, slots[0], slots[0] if len(slots) > 1 else None)
     say_event = part.seams.say
     say_event("run", id=row.id, budget=inputs_of(row).budget, deadline=row.deadline_at,
@@ -343,9 +340,10 @@ def joinable(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     return row
 
 
-def slots_here(workers: int) -> list[devices.Slot]:
+def slots_here(workers: int, home: Path | None = None) -> list[devices.Slot]:
+    """This host's slots for `workers` workers under home (default: this host's)."""
     try:
-        return devices.slots(workers, gpu_count(), paths.home())
+        return devices.slots(workers, gpu_count(), home or paths.home())
     except devices.DeviceError as e:
         raise RunError(str(e)) from None
 

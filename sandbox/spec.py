@@ -212,9 +212,10 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
 def _stop_rules(raw: Any, source: str) -> StopRules:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: {raw!r} is not a mapping of rule: figure")
-    unknown = sorted(set(raw) - {f.name for f in fields(StopRules)})
+    known = [f.name for f in fields(StopRules)]
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise SpecError(f"{source}: unknown rule {unknown[0]!r} (known: prune_below, quality_above, goodput_start)")
+        raise SpecError(f"{source}: unknown rule {unknown[0]!r} (known: {', '.join(known)})")
     for key in ("prune_below", "quality_above"):
         value = raw.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
