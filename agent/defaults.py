@@ -44,8 +44,14 @@ def engine_defaults(ctx: RunContext, seams: Seams) -> dict:
 
 def instance_of(t: Trial) -> Instance:
     assert t.figure is not None, f"trial {t.number} measured no figure"
+    measured = t.measured or {}
     return Instance(t.figure, t.heldout_figure, t.ppl, {"ids": t.greedy or [], "tops": t.top_logprobs},
-                    t.ttft_p99_ms, t.itl_p99_ms)
+                    t.ttft_p99_ms, t.itl_p99_ms, p99_of(measured, "tpot_ms"), p99_of(measured, "latency_ms"))
+
+
+def p99_of(measured: dict, key: str) -> float | None:
+    """A latency's p99 as the row's measured figures keep it (a row from before it was kept: None)."""
+    return (measured.get(key) or {}).get("p99")
 
 
 def judged_aa(history: list[Trial], settings: GateSettings) -> tuple[Baseline, gate.AAVerdict | None]:

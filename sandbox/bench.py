@@ -62,6 +62,7 @@ class BenchResult:
     finish: dict[str, int] = field(default_factory=dict)   # how the requests ended: eos, stop, length
     draw_hash: str | None = None                           # the requests measured (sandbox.traffic.keys_hash)
     tpot_ms: dict[str, float] = field(default_factory=dict)  # per request: (latency - TTFT) / (tokens - 1)
+    itl_token_ms: dict[str, float] = field(default_factory=dict)  # chunk gaps per token they bring (per_token_gaps)
     repeat_hits: int = 0      # over the answered requests: output words a prompt lookup drafts right
     repeat_words: int = 0
     phase_tps: float | None = None      # every token over the whole phase's wall time (vllm bench serve's figure)
@@ -75,15 +76,32 @@ class BenchResult:
 
 
 def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
+    """p50, p90, p99 and the mean, as `vllm bench serve` computes them (numpy's default: linear
+    interpolation between the two nearest ranks), with n, the count they come from: a p99 of 4
+    requests is their largest but one, interpolated, and says so."""
     if not values:
         return {}
     ordered = sorted(values)
+    n = len(ordered)
 
     def pick(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * scale, 2)
+        rank = q * (n - 1)
+        low = int(rank)
+        high = min(low + 1, n - 1)
+        return round((ordered[low] + (ordered[high] - ordered[low]) * (rank - low)) * scale, 2)
 
     return {"p50": pick(0.50), "p90": pick(0.90), "p99": pick(0.99),
-            "mean": round(statistics.fmean(ordered) * scale, 2)}
+            "mean": round(statistics.fmean(ordered) * scale, 2), "n": n}
+
+
+def per_token_gaps(r: RequestResult) -> list[float]:
+    """A request's chunk gaps, each divided by the tokens its chunk brought (the request's tokens after
+    the first over its gaps): a 250 ms gap that brings 5 tokens is 50 ms a token to a reader, not a
+    250 ms stall. The same as the chunk gaps where every chunk is one token."""
+    if not r.itl_s or r.output_tokens <= 1:
+        return []
+    per_chunk = max(1.0, (r.output_tokens - 1) / len(r.itl_s))
+    return [g / per_chunk for g in r.itl_s]
 
 
 def _vllm_requests():
@@ -392,7 +410,8 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
     samples = {"ttft_ms": [r.ttft_s for r in ok if r.ttft_s is not None], "itl_ms": [g for r in ok for g in r.itl_s],
                "latency_ms": [r.latency_s for r in ok],
                "tpot_ms": [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok
-                           if r.ttft_s is not None and r.output_tokens > 1]}
+                           if r.ttft_s is not None and r.output_tokens > 1],
+               "itl_token_ms": [g for r in ok for g in per_token_gaps(r)]}
     return BenchResult(
         tps=round(counted / span, 3) if window else phase_tps,
         output_tokens=tokens,
@@ -407,6 +426,7 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
         finish=finish,
         draw_hash=keys_hash(requests),
         tpot_ms=percentiles(samples["tpot_ms"]),
+        itl_token_ms=percentiles(samples["itl_token_ms"]),
         repeat_hits=sum(r.repeat_hits for r in ok),
         repeat_words=sum(r.repeat_words for r in ok),
         phase_tps=phase_tps,

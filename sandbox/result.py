@@ -53,6 +53,7 @@ class Figures:
     ttft_ms: dict[str, float] = field(default_factory=dict)
     itl_ms: dict[str, float] = field(default_factory=dict)     # every gap between two streamed chunks
     tpot_ms: dict[str, float] = field(default_factory=dict)    # per request: (latency - TTFT) / (tokens - 1)
+    itl_token_ms: dict[str, float] = field(default_factory=dict)  # chunk gaps per token they bring
     latency_ms: dict[str, float] = field(default_factory=dict)
     finish: dict[str, int] = field(default_factory=dict)       # how the requests ended: eos, stop, length
     repeat_figures: list[float] = field(default_factory=list)  # each repeat's figure (under goodput: each rate point)

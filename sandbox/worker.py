@@ -328,8 +328,9 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
     """An instance's figure over all its repeats: each repeat draws other requests, and every config gets
     the same draws, so the instance's TPS is its counted tokens over its counted time on all of them
     (each repeat's steady window, or its whole phase where it has none: sandbox.bench; a median
-    repeat could be one draw for one config and another draw for the next). Latencies: the median
-    repeat's. Under a latency objective the figure is 1000 / that percentile over every repeat's requests."""
+    repeat could be one draw for one config and another draw for the next). Latencies: percentiles over
+    every repeat's requests, each with its count. Under a latency objective the figure is 1000 / that
+    percentile over every repeat's requests."""
     tokens, wall = sum(r.output_tokens for r in reps), sum(r.wall_s for r in reps)
     counted = sum((r.window_tokens or 0) if r.window_s else r.output_tokens for r in reps)
     span = sum(r.window_s or r.wall_s for r in reps)
@@ -348,7 +349,13 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
                       "repeat_hits": sum(r.repeat_hits for r in reps),
                       "repeat_words": sum(r.repeat_words for r in reps),
                       "repeat_figures": [figure_of([r], objective) for r in reps],
-                      "draw_hashes": [r.draw_hash for r in reps]})
+                      "draw_hashes": [r.draw_hash for r in reps],
+                      **{key: bench.percentiles([v for r in reps for v in r.samples.get(key, [])])
+                         for key in LATENCY_FIELDS if any(r.samples.get(key) for r in reps)}})
+
+
+# The latencies an instance reports, each pooled over its repeats' requests (pooled).
+LATENCY_FIELDS = ("ttft_ms", "itl_ms", "itl_token_ms", "tpot_ms", "latency_ms")
 
 
 def figure_of(reps: list[bench.BenchResult], objective: str) -> float:

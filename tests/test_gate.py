@@ -33,8 +33,10 @@ def greedy(ids, tie_at=None, margin=0.125, take_runner_up=False):
     return {"ids": ids, "tops": tops(ids, tie_at, margin)}
 
 
-def result(tps, g, ppl=8.0, ttft=50.0, itl=40.0):
-    return TrialResult(bench=Figures(tps=tps, ttft_ms={"p99": ttft}, itl_ms={"p99": itl}),
+def result(tps, g, ppl=8.0, ttft=50.0, itl=40.0, tpot=None, e2e=None):
+    """A candidate instance's figures; its TPOT and end-to-end p99s are not measured unless given."""
+    return TrialResult(bench=Figures(tps=tps, ttft_ms={"p99": ttft}, itl_ms={"p99": itl},
+                                     tpot_ms={"p99": tpot} if tpot else {}, latency_ms={"p99": e2e} if e2e else {}),
                        quality=Quality(ppl=ppl, greedy=[{"token_ids": i, "top_logprobs": t}
                                                         for i, t in zip(g["ids"], g["tops"], strict=False)]))
 
@@ -286,46 +288,59 @@ def test_a_gain_near_the_noise_takes_more_looks_than_one_far_above_it():
 
 # ---- The latency guard: faster at the same load, but not by holding requests longer ----------
 
-def latency_base(itl=(20.0, 21.0, 22.0), ttft=(130.0, 125.0, 135.0), tps=(10.0, 10.3, 9.8)):
+def latency_base(itl=(20.0, 21.0, 22.0), ttft=(130.0, 125.0, 135.0), tps=(10.0, 10.3, 9.8),
+                 tpot=(19.0, 20.0, 21.0), e2e=(2600.0, 2500.0, 2700.0)):
     """The defaults with their search instances' p99 latencies (ms), as the ledger's rows give them."""
     g = greedy(IDS)
-    return baseline_of([Instance(t, t * 0.97, 8.0, g, f, i) for t, f, i in zip(tps, ttft, itl, strict=False)],
-                       GateSettings())
+    return baseline_of([Instance(t, t * 0.97, 8.0, g, f, i, p, e)
+                        for t, f, i, p, e in zip(tps, ttft, itl, tpot, e2e, strict=False)], GateSettings())
 
 
-def test_a_faster_candidate_with_four_times_the_defaults_inter_token_p99_is_refused_on_latency():
+def test_speculation_with_four_times_the_chunk_gaps_but_every_request_sooner_passes_the_guard():
     base = latency_base()
-    slow_stream = result(12.0, greedy(IDS), ttft=130.0, itl=84.0)   # 1.2x the tokens/s, 4x the ITL p99
-    verdict = check(slow_stream, base, lossless=True)
-    bound = gate.latency_bound(base.itl_p99, GateSettings())
+    # Each chunk brings several tokens: the chunk-gap p99 is 4x the defaults', while every request's
+    # pace (TPOT) and end-to-end time are lower. A reader gets every token sooner: not refused.
+    speculating = result(12.0, greedy(IDS), ttft=130.0, itl=84.0, tpot=15.0, e2e=2000.0)
+    verdict = check(speculating, base, lossless=True)
+    assert verdict.passed and verdict.reasons == []
     assert verdict.search_ratio == pytest.approx(1.2, rel=0.02)
-    assert not verdict.passed and not verdict.quality_ok
-    assert verdict.reasons == [f"latency: p99 inter-token latency 84 ms is above the defaults' 21 ms beyond their "
-                               f"noise (bound {bound:.0f} ms; set --slo-itl-p99-ms to allow it)"]
-    # Infeasible for Optuna, scaled by how far the bound was exceeded, as an SLO breach is.
-    assert gate.constraint(verdict, slow_stream, GateSettings()) == pytest.approx(84.0 / bound - 1, abs=1e-3)
-    # The same for the time to first token.
-    late = check(result(12.0, greedy(IDS), ttft=1254.0, itl=21.0), base, lossless=True)
-    assert not late.quality_ok and late.reasons[0].startswith("latency: p99 time to first token 1254 ms")
 
 
-def test_a_users_slo_replaces_the_guard_for_its_latency():
+def test_a_faster_candidate_that_slows_each_requests_pace_or_its_first_token_is_refused_on_latency():
     base = latency_base()
-    slow_stream = result(12.0, greedy(IDS), ttft=130.0, itl=84.0)
-    allowed = GateSettings(slo_itl_p99_ms=100.0)   # the user said up to 100 ms is fine
-    assert check(slow_stream, base, lossless=True, settings=allowed).passed
-    tight = GateSettings(slo_itl_p99_ms=50.0)      # above the user's own SLO: refused by it, not by the guard
-    assert check(slow_stream, base, lossless=True, settings=tight).reasons == [
+    slow_pace = result(12.0, greedy(IDS), ttft=130.0, itl=21.0, tpot=42.0, e2e=2600.0)   # 1.2x tokens/s, 2x TPOT
+    verdict = check(slow_pace, base, lossless=True)
+    bound = gate.latency_bound(base.tpot_p99, GateSettings())
+    assert not verdict.passed and not verdict.quality_ok
+    assert verdict.reasons == [f"latency: p99 time per output token 42 ms is above the defaults' 20 ms beyond their "
+                               f"noise (bound {bound:.0f} ms)"]
+    # Infeasible for Optuna, scaled by how far the bound was exceeded, as an SLO breach is.
+    assert gate.constraint(verdict, slow_pace, GateSettings()) == pytest.approx(42.0 / bound - 1, abs=1e-3)
+    late = check(result(12.0, greedy(IDS), ttft=1254.0, itl=21.0, tpot=20.0, e2e=2600.0), base, lossless=True)
+    assert not late.quality_ok and late.reasons[0].startswith("latency: p99 time to first token 1254 ms")
+    assert late.reasons[0].endswith("; set --slo-ttft-p99-ms to allow it)")
+    held = check(result(12.0, greedy(IDS), ttft=130.0, itl=21.0, tpot=20.0, e2e=5400.0), base, lossless=True)
+    assert not held.quality_ok and held.reasons[0].startswith("latency: p99 end-to-end latency 5400 ms")
+
+
+def test_chunk_gaps_are_judged_only_by_the_users_itl_slo():
+    base = latency_base()
+    speculating = result(12.0, greedy(IDS), ttft=130.0, itl=84.0, tpot=15.0, e2e=2000.0)
+    assert check(speculating, base, lossless=True, settings=GateSettings(slo_itl_p99_ms=100.0)).passed
+    tight = GateSettings(slo_itl_p99_ms=50.0)      # above the user's own SLO: refused by it
+    assert check(speculating, base, lossless=True, settings=tight).reasons == [
         "SLO: p99 inter-token latency 84 ms is above the bound 50 ms"]
-    # An SLO on the other latency leaves this one guarded.
+    # A TTFT SLO replaces the guard for first tokens only: a request's pace stays guarded.
     other = GateSettings(slo_ttft_p99_ms=2000.0)
-    assert check(slow_stream, base, lossless=True, settings=other).reasons[0].startswith("latency: p99 inter-token")
+    slow_pace = result(12.0, greedy(IDS), ttft=1254.0, itl=21.0, tpot=42.0, e2e=2600.0)
+    assert [r.split(" ms")[0] for r in check(slow_pace, base, lossless=True, settings=other).reasons] == [
+        "latency: p99 time per output token 42"]
 
 
 def test_a_p99_within_the_defaults_spread_passes():
     base = latency_base()
     # 23 ms against instances of 20, 21, 22 ms; 137 ms TTFT against 125-135 ms.
-    assert check(result(12.0, greedy(IDS), ttft=137.0, itl=23.0), base, lossless=True).passed
+    assert check(result(12.0, greedy(IDS), ttft=137.0, itl=23.0, tpot=21.5, e2e=2750.0), base, lossless=True).passed
 
 
 def test_the_latency_tolerance_widens_with_the_defaults_spread():
@@ -336,28 +351,28 @@ def test_the_latency_tolerance_widens_with_the_defaults_spread():
     assert gate.latency_bound(spread, settings) == pytest.approx(expected)
     assert gate.latency_bound(spread, settings) > 2 * gate.latency_bound(steady, settings)
     # 45 ms: refused against steady defaults, within the noise of ones that spread from 15 to 29 ms.
-    assert not check(result(12.0, greedy(IDS), ttft=130.0, itl=45.0), latency_base(itl=steady), lossless=True).passed
-    assert check(result(12.0, greedy(IDS), ttft=130.0, itl=45.0), latency_base(itl=spread), lossless=True).passed
+    assert not check(result(12.0, greedy(IDS), ttft=130.0, tpot=45.0), latency_base(tpot=steady), lossless=True).passed
+    assert check(result(12.0, greedy(IDS), ttft=130.0, tpot=45.0), latency_base(tpot=spread), lossless=True).passed
 
 
 def test_the_floor_applies_with_one_defaults_instance_and_to_defaults_that_agree():
     settings = GateSettings()
     assert gate.latency_bound((21.0,), settings) == pytest.approx(21.0 * (1 + settings.latency_tolerance))
     assert gate.latency_bound((20.0, 20.0, 20.0), settings) == pytest.approx(22.0)
-    one = latency_base(itl=(21.0,), ttft=(130.0,), tps=(10.0,))
-    assert check(result(12.0, greedy(IDS), ttft=130.0, itl=23.0), one, lossless=True).passed
-    assert not check(result(12.0, greedy(IDS), ttft=130.0, itl=23.5), one, lossless=True).quality_ok
+    one = latency_base(tpot=(21.0,), ttft=(130.0,), tps=(10.0,), e2e=(2600.0,))
+    assert check(result(12.0, greedy(IDS), ttft=130.0, tpot=23.0), one, lossless=True).passed
+    assert not check(result(12.0, greedy(IDS), ttft=130.0, tpot=23.5), one, lossless=True).quality_ok
     wider = GateSettings(latency_tolerance=0.2)
-    assert check(result(12.0, greedy(IDS), ttft=130.0, itl=23.5), one, lossless=True, settings=wider).passed
+    assert check(result(12.0, greedy(IDS), ttft=130.0, tpot=23.5), one, lossless=True, settings=wider).passed
 
 
 def test_the_guard_is_off_where_the_objective_already_weighs_latency_or_nothing_was_measured():
     base = latency_base()
-    goodput = result(12.0, greedy(IDS), ttft=130.0, itl=84.0)
+    goodput = result(12.0, greedy(IDS), ttft=1300.0, tpot=84.0)
     goodput.bench.objective, goodput.bench.figure = "goodput", 12.0   # on the defaults' scale
     assert check(goodput, base, lossless=True).passed
     # No latencies on the defaults' rows (an older ledger): nothing to compare with.
-    assert check(result(12.0, greedy(IDS), ttft=130.0, itl=84.0), steady_base(), lossless=True).passed
+    assert check(result(12.0, greedy(IDS), ttft=1300.0, tpot=84.0, e2e=9000.0), steady_base(), lossless=True).passed
 
 
 def test_a_baseline_rebuilt_from_the_ledger_on_resume_carries_the_defaults_latencies(tmp_path):
@@ -370,9 +385,10 @@ def test_a_baseline_rebuilt_from_the_ledger_on_resume_carries_the_defaults_laten
                    workload="smoke", repo="", settings={}))
     for source, tps, itl in (("baseline", 10.0, 20.0), ("baseline", 10.3, 21.0), ("aa", 9.8, 22.0)):
         row = ledger.add_trial(Trial(run_id="r", source=source, params={}))
-        record(ledger, row, result(tps, greedy(IDS), ttft=130.0, itl=itl))   # as the loop writes them
+        record(ledger, row, result(tps, greedy(IDS), ttft=130.0, itl=itl, tpot=itl, e2e=100 * itl))   # as the loop writes
     resumed = Ledger(tmp_path / "ledger.sqlite")   # what a resume reads: the rows, nothing kept in memory
     base = baseline_from(resumed.trials("r"), GateSettings())
     assert sorted(base.itl_p99) == [20.0, 21.0, 22.0] and base.ttft_p99 == (130.0, 130.0, 130.0)
-    verdict = check(result(12.0, greedy(IDS), ttft=130.0, itl=84.0), base, lossless=True)
-    assert verdict.reasons[0].startswith("latency: p99 inter-token latency 84 ms is above the defaults' 21 ms")
+    assert sorted(base.tpot_p99) == [20.0, 21.0, 22.0] and sorted(base.e2e_p99) == [2000.0, 2100.0, 2200.0]
+    verdict = check(result(12.0, greedy(IDS), ttft=130.0, itl=21.0, tpot=84.0, e2e=2100.0), base, lossless=True)
+    assert verdict.reasons[0].startswith("latency: p99 time per output token 84 ms is above the defaults' 21 ms")
