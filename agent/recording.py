@@ -62,8 +62,8 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
                       "finish": bench.finish, "tpot_ms": bench.tpot_ms, "latency_ms": bench.latency_ms,
                       "itl_token_ms": bench.itl_token_ms, "goodput": bench.goodput,
                       "repeat_share": bench.repeat_share, "phase_tps": bench.phase_tps, "window_s": bench.window_s}
-                     if bench else dict.fromkeys(("ttft_ms", "itl_ms", "repeat_figures", "finish", "tpot_ms", "latency_ms",
-                                                  "itl_token_ms", "goodput",
+                     if bench else dict.fromkeys(("ttft_ms", "itl_ms", "repeat_figures", "finish", "tpot_ms",
+                                                  "latency_ms", "itl_token_ms", "goodput",
                                                   "repeat_share", "phase_tps", "window_s"))),
                   "engine": result.engine, "hardware": result.hardware, "device": result.device})
     repeats = [x for x in (bench.repeat_figures if bench else []) if x and x > 0]

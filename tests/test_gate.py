@@ -385,7 +385,7 @@ def test_a_baseline_rebuilt_from_the_ledger_on_resume_carries_the_defaults_laten
                    workload="smoke", repo="", settings={}))
     for source, tps, itl in (("baseline", 10.0, 20.0), ("baseline", 10.3, 21.0), ("aa", 9.8, 22.0)):
         row = ledger.add_trial(Trial(run_id="r", source=source, params={}))
-        record(ledger, row, result(tps, greedy(IDS), ttft=130.0, itl=itl, tpot=itl, e2e=100 * itl))   # as the loop writes
+        record(ledger, row, result(tps, greedy(IDS), ttft=130.0, itl=itl, tpot=itl, e2e=100 * itl))   # as the loop does
     resumed = Ledger(tmp_path / "ledger.sqlite")   # what a resume reads: the rows, nothing kept in memory
     base = baseline_from(resumed.trials("r"), GateSettings())
     assert sorted(base.itl_p99) == [20.0, 21.0, 22.0] and base.ttft_p99 == (130.0, 130.0, 130.0)
