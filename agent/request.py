@@ -87,6 +87,8 @@ class RunRequest:
     slo_itl_p99_ms: float | None = option(G.slo_itl_p99_ms, "SLO: refuse configs whose p99 inter-token latency is "
                                                             "above this.", min=0)
     slo_e2e_p99_ms: float | None = option(None, "SLO for --objective goodput: p99 end-to-end latency.", min=0)
+    max_model_len: int | None = option(None, "The context length every trial serves and the branch ships (default: "
+                                             "the model's own maximum).", min=64)
     arrivals: str | None = option(None, "How requests arrive: concurrency (the workload's), rate:R[,burstiness=B]"
                                         "[,seed=S] or poisson:R (requests/s, as vllm bench serve), trace[:SCALE] "
                                         "(the traffic's timestamps); docs/arrivals.md.")
@@ -231,12 +233,13 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
         shutil.rmtree(home / run_id, ignore_errors=True)   # the copy of a run that never started
         raise RunError(str(e) if str(e).startswith("--") else f"--traffic: {e}" if traffic else f"--workload: {e}") \
             from None
-    context = traffics.context_length(longest, quality_set, tokens.limit) if tokens and longest else None
+    context = served_context(request.max_model_len, tokens.limit if tokens else None,
+                             traffics.context_length(longest, quality_set, None) if longest else None)
     if context:
         space = space.with_fixed_flag("max-model-len", context)
-    limit = f", the model allows {tokens.limit}" if tokens and tokens.limit else ""
+    whose = "--max-model-len" if request.max_model_len else "the model's maximum"
     say(f"traffic: {meter.summary_line()}"
-        + (f"; max-model-len {context} (longest request {longest} tokens{limit})" if context else ""))
+        + (f"; max-model-len {context} ({whose}; longest request {longest} tokens)" if context and longest else ""))
     engine, host = engine_info(), hardware()
     named_as = {**asdict(request), "quality": quality}   # the options under the dataclasses' names
     gate = GateSettings(**{f.name: named_as[f.name] for f in fields(GateSettings) if f.name in named_as},
@@ -253,7 +256,7 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
         settings=stored(used, Inputs(
             budget=request.budget_text, budget_s=budget_s, workers=request.workers, planner=r.planner or "builtin",
             planner_base_url=request.planner_base_url, draft_models=draft_model or [], model_given=given,
-            max_model_len=context, choices=choices(space),
+            max_model_len=context, longest_request=longest, choices=choices(space),
             quality_text_hash=file_digest(quality_set.text_path) if quality_set.text_path and quality_text else None,
             traffic=meter.summary(), traffic_source=source.summary() if source else None, storage=storage_kind,
             arrivals=request.arrivals, objective=request.objective, num_prompts=request.num_prompts,
@@ -340,6 +343,18 @@ def served_model(model: str, revision: str | None) -> str:
         return hub.served(model, revision)
     except hub.ModelUnavailable as e:
         raise RunError(f"the run's model: {e}") from None
+
+
+def served_context(chosen: int | None, model_limit: int | None, needed: int | None) -> int | None:
+    """The max-model-len every trial serves and the branch ships: the user's --max-model-len, else the
+    model's own maximum (None where the model's is unknown: vLLM's default, which is the model's). A
+    limit the traffic's longest request (or the quality phase) does not fit is refused."""
+    if chosen and needed and needed > chosen:
+        raise RunError(f"--max-model-len: {chosen} is below the {needed} tokens the traffic's longest request and "
+                       f"the quality phase need (prompt plus max_tokens, rounded up)")
+    if chosen and model_limit and chosen > model_limit:
+        raise RunError(f"--max-model-len: {chosen} is beyond the model's own maximum of {model_limit}")
+    return chosen or model_limit
 
 
 def load_space(name: str, draft_models: list[str], exact: bool = False,

@@ -393,6 +393,7 @@ def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
         fixed_env = check_env(fixed.get("env") or {}, where=f"{path}: fixed.env")
     except SpecError as e:
         raise SpaceError(str(e)) from None
+    _check_env_values(path, fixed_env, knobs)
     rules = []
     for i, r in enumerate(raw.get("rules") or []):
         where = f"{path}: rules[{i}]"
@@ -410,6 +411,20 @@ def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
     return Space(path=str(path), engine=str(raw.get("engine", "")), engine_version=str(raw.get("engine_version", "")),
                  knobs=knobs, fixed_flags=fixed_flags, fixed_env=fixed_env, rules=tuple(rules), hash=digest,
                  noise_prior=_noise_prior(f"{path}: noise_prior", raw.get("noise_prior")))
+
+
+def _check_env_values(path: str | Path, fixed_env: dict[str, str], knobs: dict[str, Knob]) -> None:
+    """Every value the space can put in a branch's serving/env is one that docker, systemd and kubectl read
+    alike (agent.deploy.SAFE_VALUE): refused here, before the night, not at the branch."""
+    from agent.deploy import DeployError, check_env
+
+    pairs = [*fixed_env.items(), *((name, str(c).replace("{last_cpu}", "1")) for name, knob in knobs.items()
+                                    if knob.target == "env" for c in (knob.choices or []))]
+    try:
+        for name, value in pairs:
+            check_env({name: value}, f"{path}: fixed.env or knobs.{name}")
+    except DeployError as e:
+        raise SpaceError(str(e)) from None
 
 
 def _noise_prior(where: str, raw: Any) -> tuple[float, int]:

@@ -14,24 +14,19 @@ the claim's tolerance band, claim x (1 +- tolerance):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
-from agent import hub, objective
+from agent import hub, morning, objective
 from agent.context import settings_of
 from agent.ledger import Ledger
-from agent.migrations import RENAMED
 from agent.states import Source, Status
 from agent.stats import compare, pooled_noise
 
 HOLDS, FAILS, UNDECIDED = "holds", "does not hold", "cannot decide"
-# The names a branch's results.json gave its figures before they were named by unit: the ledger's
-# columns' old names (agent.migrations.RENAMED), and its repeats' list.
-OLD_NAMES = {**RENAMED["trials"], **RENAMED["runs"], "tps_repeats": "repeat_figures"}
 
 
 class VerifyError(ValueError):
@@ -50,16 +45,17 @@ class Rounds:
 def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, rounds: Rounds = Rounds(),
            say: Callable[[str], None] = print) -> dict:
     max_rounds, tolerance, split = rounds.max_rounds, rounds.tolerance, rounds.split
-    try:
-        claim = json.loads(repo.git.show(f"{branch}:serving/results.json"))
-    except git.GitCommandError:
-        raise VerifyError(f"{branch}: no serving/results.json on that branch in {repo.working_dir}") from None
-    for old, new in OLD_NAMES.items():   # a branch from an older agent
-        if old in claim:
-            claim.setdefault(new, claim[old])
-    run = ledger.run(claim["run"])
+    try:   # any version this agent wrote: a branch from before version 1 is mapped onto it
+        found = morning.read(repo, branch)
+    except morning.BranchError as e:
+        raise VerifyError(str(e)) from None
+    run = ledger.run(found.run)
     if run is None:
-        raise VerifyError(f"{branch}: run {claim['run']} is not in the ledger")
+        raise VerifyError(f"{branch}: run {found.run} is not in the ledger")
+    claim = {"flags": found.serving.flags, "env": found.serving.env, "heldout_ratio": found.claim.heldout_ratio,
+             "search_ratio": found.claim.search_ratio}
+    if not claim["search_ratio"]:
+        raise VerifyError(f"{branch}: serving/results.json claims no ratio to re-measure")
     base_row = next((t for t in ledger.trials(run.id) if t.source == Source.BASELINE), None)
     if base_row is None:
         raise VerifyError(f"{branch}: run {run.id} has no measurement of the defaults to compare with")

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from fake_hub import SHA, FakeHub
 
 from agent import hub, proposal
@@ -73,6 +74,9 @@ def test_the_branch_serves_the_commit_that_was_measured():
     assert "model=org/tiny\n" in files["serving/launch.sh"][0]
     assert f'--model "$model" --revision {SHA} ' in files["serving/launch.sh"][0]
     assert f'"model_revision": "{SHA}"' in files["serving/results.json"][0]
+    deployment = next(d for d in yaml.safe_load_all(files["serving/k8s.yaml"][0]) if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "org/tiny" and args[args.index("--revision") + 1] == SHA
 
 
 def test_an_offline_trial_that_cannot_find_its_model_has_a_class_of_its_own():

@@ -309,29 +309,49 @@ def test_verify_re_measures_a_branch_against_the_defaults(night):
     assert report["verdict"] == "does not hold" and report["interval"][1] < report["band"][0]
 
 
-def test_a_branch_an_older_agent_wrote_with_tps_names_still_verifies(night):
-    """Branches committed before the figures were named by unit (2026-12-06) say tps, tps_ratio, ...
-    in serving/results.json: `agent verify` reads them as it reads today's."""
+def test_a_branch_an_older_agent_wrote_still_verifies(night):
+    """Branches committed before results.json had a schema (2efafb4, the golden run's as it was then:
+    tests/data/results-2efafb4.json), and before the figures were named by unit (tps, tps_ratio, ...):
+    `agent verify` reads both through the mapping onto version 1."""
     import json
+    from pathlib import Path
 
     import git
 
-    from agent.verify import OLD_NAMES, Rounds, verify
+    from agent.verify import Rounds, verify
 
     ledger, repo, run, tmp_path, _ = night
     best = max((t for t in ledger.trials("r1") if t.branch), key=lambda t: t.heldout_ratio)
-    today = json.loads(repo.git.show(f"{best.branch}:serving/results.json"))
-    back = {new: old for old, new in OLD_NAMES.items()}
-    older = {back.get(k, k): v for k, v in today.items() if k != "objective"}
-    assert older["tps_ratio"] == best.search_ratio and "search_ratio" not in older
-    tree = tmp_path / "older"
-    repo.git.worktree("add", "-b", "older-agent", str(tree), best.branch)
-    (tree / "serving" / "results.json").write_text(json.dumps(older, indent=2))
-    git.Repo(tree).git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qam", "old"])
-    report = verify(ledger, repo, "older-agent", FakeEngine(), tmp_path / "verify-older",
-                    Rounds(max_rounds=4, split="search"), say=lambda m: None)
-    assert report["claimed_ratio"] == best.search_ratio and report["verdict"] == "holds", report
-    assert report["unit"] == "tok/s" and len(report["defaults_figures"]) == report["rounds"]
+    flat = json.loads((Path(__file__).parent / "data" / "results-2efafb4.json").read_text())
+    flat.update(run="r1", trial=best.number, flags=best.flags, env=best.env, search_ratio=best.search_ratio,
+                heldout_ratio=best.heldout_ratio)
+    tps_named = {("tps_ratio" if k == "search_ratio" else "tps" if k == "figure" else k): v for k, v in flat.items()}
+    for name, older in (("older-agent", flat), ("oldest-agent", tps_named)):
+        tree = tmp_path / name
+        repo.git.worktree("add", "-b", name, str(tree), best.branch)
+        (tree / "serving" / "results.json").write_text(json.dumps(older, indent=2))
+        git.Repo(tree).git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qam",
+                                    "old"])
+        report = verify(ledger, repo, name, FakeEngine(), tmp_path / f"verify-{name}",
+                        Rounds(max_rounds=4, split="search"), say=lambda m: None)
+        assert report["claimed_ratio"] == best.search_ratio and report["verdict"] == "holds", (name, report)
+        assert report["unit"] == "tok/s" and len(report["defaults_figures"]) == report["rounds"]
+
+
+def test_a_malformed_branch_is_one_line_not_a_traceback(night):
+    from agent.verify import Rounds, VerifyError, verify
+
+    ledger, repo, run, tmp_path, _ = night
+    best = next(t for t in ledger.trials("r1") if t.branch)
+    tree = tmp_path / "broken"
+    repo.git.worktree("add", "-b", "broken", str(tree), best.branch)
+    for text, said in (("{not json", "not JSON"), ('{"trial": 3}', "not a results file this agent reads")):
+        (tree / "serving" / "results.json").write_text(text)
+        repo.git.execute(["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@example.com", "commit",
+                          "-qam", "broken"])
+        with pytest.raises(VerifyError) as e:
+            verify(ledger, repo, "broken", FakeEngine(), tmp_path / "verify-broken", Rounds(), say=lambda m: None)
+        assert said in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_planner_goes_first_builds_on_the_best_and_says_why(night):
