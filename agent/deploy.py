@@ -89,7 +89,9 @@ def launch_sh(results: Results, chat_template: bool) -> str:
         'while IFS= read -r line || [ -n "$line" ]; do\n'
         '  case "$line" in ""|"#"*) continue ;; esac\n'
         '  name=${line%%=*}\n'
-        '  case "$name" in ""|[0-9]*|*[!A-Z0-9_]*) echo "launch.sh: $here/env: bad variable name: $name" >&2; exit 2 ;; esac\n'
+        '  case "$name" in ""|[0-9]*|*[!A-Z0-9_]*)\n'
+        '    echo "launch.sh: $here/env: bad variable name: $name" >&2; exit 2 ;;\n'
+        '  esac\n'
         '  printenv "$name" >/dev/null || export "$line"\n'
         'done < "$here/env"\n'
         f"{_model_lines(results)}"
@@ -160,7 +162,8 @@ def bench_sh(results: Results) -> str:
           f"--max-concurrency {load.concurrency or 1} --request-rate inf")
     requests = (load.requests_per_phase or 100) * (load.repeats or 1)
     chat = results.traffic.format == "chat"
-    common = (f'--backend {"openai-chat" if chat else "openai"} --endpoint {"/v1/chat/completions" if chat else "/v1/completions"} '
+    backend, endpoint = ("openai-chat", "/v1/chat/completions") if chat else ("openai", "/v1/completions")
+    common = (f'--backend {backend} --endpoint {endpoint} '
               f'--base-url "$url" --model "$model" --dataset-name custom --dataset-path "$dataset" '
               f"--custom-output-len -1 --skip-chat-template --num-prompts {requests} {at} "
               f"--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 "

@@ -55,7 +55,7 @@ def as_json(ledger: Ledger, run_id: str | None) -> list[dict]:
         if t.branch:
             _, found = results(ledger, t.branch)
             out.append({"branch": t.branch, "commit": t.commit, **found.model_dump(mode="json")})
-    return sorted(out, key=lambda b: -((b["claim"]["heldout_ratio"] or b["claim"]["search_ratio"] or 0)))
+    return sorted(out, key=lambda b: -(b["claim"]["heldout_ratio"] or b["claim"]["search_ratio"] or 0))
 
 
 def diff(ledger: Ledger, branch: str) -> Iterator[str]:

@@ -167,8 +167,9 @@ def read(text: str, where: str) -> Results:
 
 # A branch from before version 1 kept its figures flat, some under the ledger's older column names
 # (agent.migrations.RENAMED: tps, tps_ratio, ... before 2026-12-06).
-_OLD = {"tps": "figure", "tps_ratio": "search_ratio", "baseline_tps": "baseline_figure", "tps_repeats": "repeat_figures",
-        "heldout_tps": "heldout_figure", "tps_corrected": "figure_corrected", "tps_interval": "figure_interval"}
+_OLD = {"tps": "figure", "tps_ratio": "search_ratio", "baseline_tps": "baseline_figure",
+        "tps_repeats": "repeat_figures", "heldout_tps": "heldout_figure", "tps_corrected": "figure_corrected",
+        "tps_interval": "figure_interval"}
 
 
 def from_unversioned(old: dict) -> dict:
@@ -198,7 +199,8 @@ def from_unversioned(old: dict) -> dict:
         "traffic": {"meter": meter.get("name"), "meter_version": meter.get("meter_version"),
                     **{k: meter.get(k) for k in ("split", "split_hash", "sampled_share", "ignore_eos_share")},
                     **{k: given.get(k) for k in ("file", "format", "file_hash", "requests")}},
-        "serving": {"model": o.get("model") or "", "max_model_len": (o.get("flags") or {}).get("max-model-len"), "model_revision": o.get("model_revision"),
+        "serving": {"model": o.get("model") or "", "max_model_len": (o.get("flags") or {}).get("max-model-len"),
+                    "model_revision": o.get("model_revision"),
                     "flags": o.get("flags") or {}, "env": {k: str(v) for k, v in (o.get("env") or {}).items()},
                     "changed": o.get("params") or {}},
         "engine": o.get("engine") or {}, "hardware": o.get("hardware") or {}, "device": o.get("device"),

@@ -60,7 +60,7 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"\n| config | max-model-len | instances | start s (mean) | tok/s (mean) |\n|---|---|---|---|---|")
+    print("\n| config | max-model-len | instances | start s (mean) | tok/s (mean) |\n|---|---|---|---|---|")
     means = {}
     for config in ("defaults", "binding"):
         for length in (args.short, args.long):

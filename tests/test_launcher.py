@@ -52,8 +52,8 @@ def _branch(tmp_path, run, trial, inputs=None):
 def _stub(bin_dir, name, out):
     """A stand-in on PATH that writes its argv and its environment, one line each, then exits."""
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / name).write_text(f'#!/bin/sh\n{{ for a in "$@"; do printf "argv %s\\n" "$a"; done; env | sed "s/^/env /"; '
-                                f'}} > {out}\n')
+    (bin_dir / name).write_text(f'#!/bin/sh\n{{ for a in "$@"; do printf "argv %s\\n" "$a"; done; '
+                                f'env | sed "s/^/env /"; }} > {out}\n')
     (bin_dir / name).chmod(0o755)
 
 
