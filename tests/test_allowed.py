@@ -74,7 +74,7 @@ def test_the_worker_refuses_a_spec_outside_its_allow_list_before_any_server(tmp_
     rules = spaces.load("vllm-cpu").allowed()
     text = json.dumps(rules, sort_keys=True)
     (tmp_path / "allowed.json").write_text(text)
-    spec = {"model": "m", "flags": {"max-model-len": 2048, "scheduler-cls": "evil.Scheduler"}, "env": {},
+    spec = {"model": "m", "flags": {"scheduler-cls": "evil.Scheduler"}, "env": {},
             "workload": "smoke", "quality": "none"}
     (tmp_path / "trial.yaml").write_text(yaml.safe_dump(spec))
 
@@ -110,7 +110,7 @@ def test_the_real_engine_hands_its_worker_the_run_allow_list(tmp_path):
 
     engine = WorkerEngine()
     engine.allow(spaces.load("vllm-cpu").allowed())
-    spec = {"model": "m", "flags": {"max-model-len": 2048, "otlp-traces-endpoint": "http://attacker.example:4317"},
+    spec = {"model": "m", "flags": {"otlp-traces-endpoint": "http://attacker.example:4317"},
             "env": {}, "workload": "smoke", "quality": "none"}
     try:
         result = engine.evaluate(spec, tmp_path / "t", 120)
@@ -144,7 +144,7 @@ def test_verify_refuses_a_branch_whose_flags_the_space_does_not_allow(tmp_path):
                           space), Seams(ledger, engine, repo), f"sqlite:///{tmp_path / 'o.sqlite'}")
     branch = next(t.branch for t in ledger.trials("v") if t.branch)
     claim = json.loads(repo.git.show(f"{branch}:serving/results.json"))
-    claim["flags"]["scheduler-cls"] = "evil.Scheduler"
+    claim["serving"]["flags"]["scheduler-cls"] = "evil.Scheduler"
     gitops.commit_branch(repo, "agent/v/99", {"serving/results.json": (json.dumps(claim), False)}, "tampered")
     calls = engine.calls
     with pytest.raises(VerifyError, match="scheduler-cls.*the run's space does not allow it; nothing was started"):

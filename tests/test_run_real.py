@@ -165,11 +165,14 @@ def test_accepted_branches_hold_the_config_that_was_measured(real_run):
         assert yaml.safe_load(show("serving/config.yaml")) == t.flags
         assert show("serving/chat-template.jinja") == TEMPLATE.read_text()   # what it was served with
         results = json.loads(show("serving/results.json"))
-        assert results["figure"] == t.figure
+        assert results["schema_version"] == 1 and results["claim"]["figure"] == t.figure
+        assert results["serving"]["flags"] == t.flags and results["serving"]["env"] == t.env
+        # The context served is the model's own maximum (32,768), not the traffic's longest request.
+        assert t.flags["max-model-len"] == 32768 and results["serving"]["max_model_len"] == 32768
         # Committed only once fresh servers showed the gain on prompts the search never saw: the claim
         # is the held-out ratio, and its lower bound clears 1.
-        assert t.heldout_ratio is not None and results["heldout_ratio"] == t.heldout_ratio
-        assert t.heldout_interval[0] > 1 and results["heldout_interval"] == t.heldout_interval
+        assert t.heldout_ratio is not None and results["claim"]["heldout_ratio"] == t.heldout_ratio
+        assert t.heldout_interval[0] > 1 and results["claim"]["heldout_interval"] == t.heldout_interval
 
 
 def test_cli_reads_back_the_real_run(real_run):
