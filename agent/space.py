@@ -121,6 +121,10 @@ class Rule:
         return a is not None and b is not None and not OPS[op](a, b)
 
 
+# Flags a run fixes on top of the space's own (agent.request: the context it serves), which a rule may name.
+RUN_FIXED = ("max-model-len",)
+
+
 @dataclass(frozen=True)
 class Space:
     path: str
@@ -190,7 +194,7 @@ class Space:
             elif not knob.applies(point):
                 out.append(f"{name}: only applies when {knob.when}")
         if not out:  # rules compare values, so they only make sense once every value is well typed
-            out += [f"rule broken: {r.reason}" for r in self.rules if r.broken(point)]
+            out += [f"rule broken: {r.reason}" for r in self.rules if r.broken({**self.fixed_flags, **point})]
         return out
 
     def narrowed(self, name: str, low: float, high: float) -> Space:
@@ -223,7 +227,9 @@ class Space:
                        hash=hashlib.sha256(f"{self.hash}{knob}".encode()).hexdigest()[:16])
 
     def broken_rules(self, point: dict) -> list[str]:
-        return [r.reason for r in self.rules if r.broken(point)]
+        """The reasons of the rules the point breaks; a rule may name a fixed flag (max-model-len, which
+        the run fixes to the context it serves) as well as a knob."""
+        return [r.reason for r in self.rules if r.broken({**self.fixed_flags, **point})]
 
     def changed(self, point: dict, defaults: dict[str, list | None]) -> list[str]:
         """The knobs of point set to something other than the engine's default (see sandbox.defaults);
@@ -399,7 +405,7 @@ def load(path: str | Path, cpu_flags: set[str] | None = None) -> Space:
         where = f"{path}: rules[{i}]"
         req = r.get("require") if isinstance(r, dict) else None
         if not (isinstance(req, list) and len(req) == 3 and req[1] in OPS and req[0] in knobs
-                and (not isinstance(req[2], str) or req[2] in knobs)):
+                and (not isinstance(req[2], str) or req[2] in knobs or req[2] in RUN_FIXED)):
             raise SpaceError(f"{where}.require: {req!r} is not [knob, one of {' '.join(OPS)}, knob or number]")
         rules.append(Rule(require=tuple(req), reason=str(r.get("reason", "")), when=dict(r.get("when") or {})))
     for i, h in enumerate(raw.get("host") or []):

@@ -42,7 +42,12 @@ def test_rules_and_bounds():
     space = spaces.load("vllm-cpu")
     assert space.broken_rules({"max-num-seqs": 64, "max-num-batched-tokens": 32})
     assert not space.broken_rules({"max-num-seqs": 64, "max-num-batched-tokens": 4096})
-    assert space.broken_rules({"enable-chunked-prefill": False, "max-num-batched-tokens": 512})
+    # Without chunked prefill a step holds a whole prompt of the context the run serves (max-model-len,
+    # fixed by the run): the rule names the fixed flag; with none fixed it has nothing to compare.
+    assert not space.broken_rules({"enable-chunked-prefill": False, "max-num-batched-tokens": 4096})
+    served = space.with_fixed_flag("max-model-len", 8192)
+    assert served.broken_rules({"enable-chunked-prefill": False, "max-num-batched-tokens": 4096})
+    assert not served.broken_rules({"enable-chunked-prefill": False, "max-num-batched-tokens": 8192})
     assert space.problems({"max-num-seqs": 0}) == ["max-num-seqs: 0 is outside [1, 256]"]
     assert space.problems({"port": 80}) == [f"port: not a knob of {space.path}"]
     assert space.problems({"enforce-eager": "yes"}) == ["enforce-eager: 'yes' is not true or false"]
