@@ -100,6 +100,14 @@ REPEAT_MIN = {"gpu": 0.6, "cpu": 0.8}
 # move drafts 8; below it 4, where longer drafts add about as much to verify as to accept. On the
 # CPU a longer draft costs its verification in full: k=4 there, tuned by acceptance.
 LONG_DRAFT_SHARE, LONG_DRAFT = 0.8, 8
+# Under load (more than 4 streams) prompt lookup was a loss wherever it was measured: ngram on the CPU
+# at concurrency 8 (-32%), ngram_gpu on the realistic default at 32 in flight, whose answers repeat
+# less than half. On a GPU a decode step of 32 sequences of the embedded model still costs about 15
+# times what reading its weights takes (docs/results.md, "What binds under load on a GPU?"), so fewer
+# steps may pay where most answers repeat their context: there (edit traffic repeated 72%) ngram_gpu
+# with a short draft (k=4) is a first move at any load, for the gate to decide; the H100 night on
+# edits-c32 of 2026-12-07 never measured it, since this move did not exist.
+LOADED_REPEAT_MIN = 0.7
 
 
 def _first_draft_length(gpu: bool, repeats: float | None) -> int:
@@ -313,7 +321,7 @@ class BuiltinPlanner:
 
     @staticmethod
     def _speculation(space, start, basis, history, measured, facts):
-        if "speculative-config.method" not in space.knobs or facts.get("concurrency", 1) > 4:
+        if "speculative-config.method" not in space.knobs:
             return
         # Prompt lookup drafts what the context repeats: a first move only where the defaults' answers
         # repeat it (REPEAT_MIN above, with its measurements), though the sampler may still draw it.
@@ -321,6 +329,9 @@ class BuiltinPlanner:
         repeats = _defaults_repeat_share(history)
         gpu = "ngram_gpu" in space.knobs["speculative-config.method"].choices
         least = REPEAT_MIN["gpu" if gpu else "cpu"]
+        loaded = facts.get("concurrency", 1) > 4
+        if loaded and not (gpu and repeats is not None and repeats >= LOADED_REPEAT_MIN):
+            return   # under load: only on a GPU, and only where most answers repeat their context
         if method == "none" and (repeats < least if repeats is not None else facts.get("sampled_share", 0) > 0.5):
             return
         if method == "none":
@@ -330,7 +341,7 @@ class BuiltinPlanner:
                 {"speculative-config.method": "ngram"}
             evidence = (f"the defaults' answers repeat their context for {repeats:.0%} of their words, as prompt "
                         f"lookup sees it" if repeats is not None else "mostly greedy")
-            k = _first_draft_length(gpu, repeats)
+            k = 4 if loaded else _first_draft_length(gpu, repeats)
             if k != 4 and repeats is not None:
                 evidence += (f" (about {_tokens_per_step(repeats, k):.1f} tokens a step at k={k} against "
                              f"{_tokens_per_step(repeats, 4):.1f} at k=4, if drafts are accepted as often)")

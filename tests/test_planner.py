@@ -290,3 +290,27 @@ def test_the_levers_withheld_won_nowhere_in_the_committed_table():
         measured = {shape: c for (run, shape, lv), c in comps.items() if lv == lever}
         assert {"serving-c32", "serving-c128"} <= set(measured)
         assert all(c.low <= 1 for c in measured.values()), (knob, measured)
+
+
+def test_under_load_speculation_is_a_first_move_only_on_a_gpu_where_most_answers_repeat_their_context():
+    """edits-c32 on the H100 (2026-12-07): the defaults' answers repeated 72% of their words at 32 in
+    flight, and the planner said nothing, so the one lever that might win there was never measured.
+    Now ngram_gpu with a short draft is proposed there; not on the realistic default (43%), not on the CPU."""
+    gpu = spaces.load("vllm-gpu")
+
+    def defaults(share):
+        return Trial(number=0, params={}, metrics={}, figure=10, status="ok", source="baseline",
+                     measured={"repeat_share": share})
+
+    def spec(space, share, concurrency):
+        facts = {"concurrency": concurrency, "sampled_share": 0.6, "cpus": 2}
+        return [p for p in BuiltinPlanner().propose(space, RUN, [defaults(share)], facts, k=5)
+                if "speculative-config.method" in p.params]
+
+    (move,) = spec(gpu, 0.72, 32)
+    assert move.params["speculative-config.method"] == "ngram_gpu" and move.params["async-scheduling"] is True
+    assert move.params["speculative-config.num_speculative_tokens"] == 4 and not gpu.problems(move.params)
+    assert "32 stream(s)" in move.rationale and "72% of their words" in move.rationale
+    assert spec(gpu, 0.9, 32)[0].params["speculative-config.num_speculative_tokens"] == 4   # short under load
+    assert not spec(gpu, 0.43, 32) and not spec(gpu, 0.65, 32)
+    assert not spec(SPACE, 0.95, 8)   # the CPU lost 32% at concurrency 8
