@@ -6,7 +6,7 @@ from pathlib import Path
 
 import git
 
-from agent import budget, clock, gate, gitops, objective, proposal
+from agent import budget, clock, gitops, objective, proposal
 from agent.context import RunContext, Seams
 from agent.defaults import goodput_start
 from agent.gate import Baseline, GateSettings, MeasureFailed
@@ -251,8 +251,9 @@ def branch(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: l
     try:
         commit = gitops.commit_branch(seams.repo, name, proposal.files(ctx.run, row), proposal.message(ctx.run, row))
         ledger.transition(row, branch=name, commit=commit)
-    except (gitops.RepoError, git.GitError, OSError) as e:
+    except (gitops.RepoError, git.GitError, OSError, ValueError) as e:
         # Stays accepted with no branch: `agent doctor` names it and the resume commits it (loop.settle).
+        # ValueError: files it could not write (deploy.DeployError, a results.json the schema refuses).
         ledger.transition(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])
         seams.say("phase", number=row.number, phase=f"accepted, but its branch was not committed: {e}")
 
