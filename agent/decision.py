@@ -6,7 +6,7 @@ from pathlib import Path
 
 import git
 
-from agent import budget, clock, gitops, objective, proposal
+from agent import budget, clock, gate, gitops, objective, proposal
 from agent.context import RunContext, Seams
 from agent.defaults import goodput_start
 from agent.gate import Baseline, GateSettings, MeasureFailed
