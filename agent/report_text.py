@@ -14,6 +14,11 @@ from agent.states import CANDIDATES, DEFAULTS_ON_SEARCH, Decision, Source, Statu
 from agent.views import RunView, TrialView
 
 P99S = (("ttft_p99_ms", "TTFT"), ("itl_p99_ms", "ITL"))
+# The latencies a trial shows, each labelled, as its row's measured figures keep them: what a reader waits
+# for (first token, a token's pace, the whole answer) and the gaps between streamed chunks, whole and per
+# token they bring (a speculating server's chunks carry several tokens).
+LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("latency_ms", "e2e"), ("itl_token_ms", "ITL a token"),
+             ("itl_ms", "chunk gap"))
 
 
 def claim(t: TrialView) -> str:
@@ -29,14 +34,32 @@ def defaults_p99(trials: list[TrialView], attr: str) -> float | None:
 
 
 def latencies(t: TrialView, trials: list[TrialView]) -> str:
-    """A trial's p99 TTFT and ITL beside the defaults': a faster config may have bought its tokens/s
-    with latency, and the ratio alone would not show it."""
+    """A trial's p99 latencies beside the defaults', each labelled: a faster config may have bought its
+    tokens/s with latency, and the ratio alone would not show it. A p99 of fewer than 100 requests says
+    how many ("of 8"). A row from before these were kept shows its TTFT and ITL columns."""
+    measured = t.measured or {}
     parts = []
-    for attr, name in P99S:
-        mine, theirs = getattr(t, attr), defaults_p99(trials, attr)
-        if mine is not None:
-            parts.append(f"{name} {fmt_ms(mine)} ms" + (f" (defaults {fmt_ms(theirs)})" if theirs else ""))
+    for key, name in LATENCIES:
+        mine = (measured.get(key) or {}).get("p99")
+        if mine is None:
+            continue
+        count = (measured.get(key) or {}).get("n")
+        theirs = defaults_measured_p99(trials, key)
+        parts.append(f"{name} {fmt_ms(mine)} ms" + (f" of {count}" if count is not None and count < 100 else "")
+                     + (f" (defaults {fmt_ms(theirs)})" if theirs else ""))
+    if not parts:
+        for attr, name in P99S:
+            mine, theirs = getattr(t, attr), defaults_p99(trials, attr)
+            if mine is not None:
+                parts.append(f"{name} {fmt_ms(mine)} ms" + (f" (defaults {fmt_ms(theirs)})" if theirs else ""))
     return "p99 " + ", ".join(parts) if parts else "no latencies measured"
+
+
+def defaults_measured_p99(trials: list[TrialView], key: str) -> float | None:
+    """The defaults' p99 of one latency from their rows' measured figures (geometric mean of their instances)."""
+    rows = [(t.measured or {}).get(key) for t in trials if t.source in DEFAULTS_ON_SEARCH and t.status == Status.OK]
+    found = [r["p99"] for r in rows if isinstance(r, dict) and r.get("p99")]
+    return geomean(found) if found else None
 
 
 def on_latency(t: TrialView) -> bool:

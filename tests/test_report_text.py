@@ -76,3 +76,21 @@ def test_a_run_that_beat_nothing_says_the_defaults_are_best_and_on_a_gpu_cites_t
         assert not [line for line in report_text.summary(run, [*lost, held]) if "defaults are the best" in line]
     going = Run(**{**{c.name: getattr(run, c.name) for c in Run.__table__.columns}, "status": "running"})
     assert list(report_text.report(going, lost, [], []))[-1] == "  no accepted config yet"
+
+
+def test_each_latency_is_labelled_and_a_p99_of_few_requests_says_how_many():
+    """What a reader waits for (TTFT, TPOT, end to end) and the chunk gaps, whole and per token; a p99 of
+    fewer than 100 requests carries its count."""
+    from agent import views
+
+    def measured(ttft, tpot, e2e, gap, n):
+        return {"ttft_ms": {"p99": ttft, "n": n}, "tpot_ms": {"p99": tpot, "n": n}, "latency_ms": {"p99": e2e, "n": n},
+                "itl_token_ms": {"p99": tpot, "n": 40 * n}, "itl_ms": {"p99": gap, "n": 40 * n}}
+
+    defaults = [Trial(number=n, source="baseline", status="ok", figure=10.0, params={},
+                      measured=measured(260.0, 70.0, 9000.0, 87.0, 8)) for n in range(2)]
+    spec = Trial(number=2, source="planner", status="ok", figure=18.0, search_ratio=1.8, params={},
+                 measured=measured(250.0, 40.0, 5000.0, 181.0, 8))
+    line = report_text.latencies(views.trials([spec])[0], views.trials(defaults))
+    assert line == ("p99 TTFT 250 ms of 8 (defaults 260), TPOT 40 ms of 8 (defaults 70), e2e 5000 ms of 8 (defaults "
+                    "9000), ITL a token 40 ms (defaults 70), chunk gap 181 ms (defaults 87)")
