@@ -27,7 +27,7 @@ from agent.ledger import Run, Trial
 
 # Values that belong to the host that measured them, and why (Serving.host_specific).
 HOST_SPECIFIC = {
-    "VLLM_CPU_OMP_THREADS_BIND": "a list of the measuring host's cores ({cpus} cores); launch.sh binds every core "
+    "VLLM_CPU_OMP_THREADS_BIND": "a list of the measuring host's cores ({cpus}); launch.sh binds every core "
                                  "of the host it runs on where the value was all of them",
     "VLLM_CPU_KVCACHE_SPACE": "GiB of memory for the KV cache, sized for the measuring host ({memory})",
     "CUDA_VISIBLE_DEVICES": "the measuring host's device numbers",
@@ -61,10 +61,12 @@ def results_of(run: Run, trial: Trial) -> results_file.Results:
     measured = trial.measured or {}
     used, inputs = settings_of(run), inputs_of(run)
     meter = _spec(used)
-    hardware = measured.get("hardware") or run.hardware or {}
+    hardware = {**(run.hardware or {}), **(measured.get("hardware") or {})}   # the worker's host, where it says
     env = {k: str(v) for k, v in trial.env.items()}
     flags = dict(trial.flags)
-    why = {k: text.format(cpus=hardware.get("cpus"), memory=f"{hardware.get('memory_gib')} GiB of memory")
+    cpus, memory = hardware.get("cpus"), hardware.get("memory_gib")
+    why = {k: text.format(cpus=f"{cpus} cores" if cpus else "its core count",
+                          memory=f"{memory} GiB of memory" if memory else "its memory")
            for k, text in HOST_SPECIFIC.items() if k in env or k in flags}
     traffic = (run.settings or {}).get("traffic") or {}
     given = (run.settings or {}).get("traffic_source") or traffic.get("traffic") or {}
@@ -116,7 +118,7 @@ def results_of(run: Run, trial: Trial) -> results_file.Results:
                                          if meter.get("chat_template") else None),
                                         ("quality", used.quality)) if v is not None}),
         engine=measured.get("engine") or {"name": run.engine, "version": run.engine_version},
-        hardware=hardware, device=measured.get("device"),
+        hardware=measured.get("hardware") or run.hardware or {}, device=measured.get("device"),
     )
 
 

@@ -6,6 +6,7 @@ purpose with GOLDEN_WRITE=1 (the diff goes into the commit that explains it)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,10 @@ from agent.ledger import Ledger
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "data" / "golden-run.json"
+# The agent's own commit in a branch's results.json: a new one at every commit of this repository. And the
+# measuring host's size where a branch marks a value host-specific (the run row's hardware is left out too).
+AGENT_COMMIT = re.compile(r'("commit": )"[0-9a-f]{40}"')
+HOST_SIZE = re.compile(r"\(\d+ cores\)|\([0-9.]+ GiB of memory\)")
 # Differ run to run without meaning anything: when, where, and which process.
 VOLATILE = {"id", "run_id", "trial_id", "started_at", "finished_at", "timings", "log_path", "worker_id", "commit",
             "heartbeat_at"}
@@ -56,8 +61,9 @@ def snapshot(home: Path, model: Path) -> dict:
     for branch in branches:
         names = git(home, "ls-tree", "-r", "--name-only", branch).split()
         files[branch.replace(run.id, "RUN")] = {
-            name: git(home, "show", f"{branch}:{name}").replace(run.id, "RUN").replace(str(home), "HOME")
-            .replace(str(model), "MODEL") for name in names}
+            name: HOST_SIZE.sub("(HOST)", AGENT_COMMIT.sub(r'\1"COMMIT"', git(home, "show", f"{branch}:{name}")
+                                                           .replace(run.id, "RUN").replace(str(home), "HOME")
+                                                           .replace(str(model), "MODEL"))) for name in names}
     kept = {k: v for k, v in plain(run).items() if k not in ("deadline_at", "owner", "settings", "hardware")}
     kept["calibration"].pop("plan")   # made from the seconds the test engine's trials took on this machine
     return {"run": kept,
