@@ -17,17 +17,62 @@ NORMAL = statistics.NormalDist()
 
 
 def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile: exact for 1 and 2 degrees of freedom, Cornish-Fisher beyond (error
-    below 0.3% from 3 on, which moves a bound by far less than the noise it scales)."""
+    """Student's t quantile, exact to about 1e-12: closed forms for 1 and 2 degrees of freedom, beyond
+    them the root of the distribution function (t_cdf, through the regularized incomplete beta
+    function) by bisection. Tested against tabulated values at every level the gate uses
+    (tests/test_gate.py). The Cornish-Fisher series used before was 1.9% low at 0.99 and 8.6% low
+    at 0.999 with 3 degrees of freedom: bounds narrower than stated, most where pruning decides."""
     if df < 1:
         raise ValueError(f"t quantile needs at least one degree of freedom, got {df}")
+    if not 0 < p < 1:
+        raise ValueError(f"t quantile needs 0 < p < 1, got {p}")
     if df == 1:
         return math.tan(math.pi * (p - 0.5))
     if df == 2:
         return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
-    z = NORMAL.inv_cdf(p)
-    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
+        if high - low < 1e-13 * max(1.0, high):
+            break
+    return (low + high) / 2
+
+
+def t_cdf(t: float, df: int) -> float:
+    """Student's t distribution function: 1 - I_x(df/2, 1/2) / 2 at x = df / (df + t^2), for t >= 0."""
+    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1 - tail if t >= 0 else tail
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's method)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(1 - x))
+    if x > (a + 1) / (a + b + 2):   # the fraction converges fast on this side only
+        return 1 - _incomplete_beta(b, a, 1 - x)
+    tiny = 1e-300
+    c, d = 1.0, 1 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    return front * f / a
 
 
 @dataclass(frozen=True)

@@ -392,3 +392,13 @@ def test_a_baseline_rebuilt_from_the_ledger_on_resume_carries_the_defaults_laten
     assert sorted(base.tpot_p99) == [20.0, 21.0, 22.0] and sorted(base.e2e_p99) == [2000.0, 2100.0, 2200.0]
     verdict = check(result(12.0, greedy(IDS), ttft=130.0, itl=21.0, tpot=84.0, e2e=2100.0), base, lossless=True)
     assert verdict.reasons[0].startswith("latency: p99 time per output token 84 ms is above the defaults' 21 ms")
+
+
+@pytest.mark.parametrize("p, df, tabulated", [
+    (0.975, 3, 3.182446), (0.99, 3, 4.540703), (0.999, 3, 10.214532), (0.999, 4, 7.173182), (0.975, 4, 2.776445),
+    (0.99, 4, 3.746947), (0.975, 10, 2.228139), (0.99, 10, 2.763769), (0.999, 10, 4.143700), (0.95, 30, 1.697261),
+    (0.99, 2, 6.964557), (0.975, 1, 12.706205), (0.999, 60, 3.231709), (0.025, 3, -3.182446)])
+def test_t_quantiles_are_exact_at_every_level_the_gate_uses(p, df, tabulated):
+    """0.975 (figure intervals), 0.99 (the gate's level), 0.999 (pruning): the series used before was 0.74%,
+    1.9% and 8.6% low at 3 degrees of freedom."""
+    assert t_quantile(p, df) == pytest.approx(tabulated, rel=2e-6)
