@@ -45,7 +45,8 @@ app.add_typer(traffic_app, name="traffic")
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)   # one line, however long
+    """One line, however long; the message is text, never markup (a table or run named "[/x]" is data)."""
+    console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -116,7 +117,7 @@ def traffic_export(
         source = traffic or Path(load_workload(ledger_workload(run_row)).traffic or "")
         done = export.export(found, source, out_file, "heldout" if heldout else "search")
     except (morning.BranchError, export.ExportError) as e:
-        raise fail(escape(str(e)), 1) from None
+        raise fail(str(e), 1) from None
     for line in done.lines(out_file):
         out.print(line, highlight=False, markup=False)
 
@@ -289,7 +290,7 @@ def branches(run_id: str = typer.Option(None, "--run", help="Only this run."),
                     out.print(line, highlight=False, markup=False)
             return
     except morning.BranchError as e:
-        raise fail(escape(str(e)), 1) from None
+        raise fail(str(e), 1) from None
     out.print(report_text.branch_table(views.trials(ledger.trials(run_id))))
     for line in report_text.env_only_lines(views.trials(ledger.trials(run_id))):
         out.print(line, highlight=False, markup=False)
@@ -313,7 +314,7 @@ def verify(
     with told():
         lines, code = checked_claim(ledger, branch, Rounds(rounds, tolerance, split), say)
     for line in lines:
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, markup=False)
     raise typer.Exit(code)
 
 
@@ -371,7 +372,7 @@ def _report_html(ledger: ledgers.Ledger, row: ledgers.Run, trials: list, html_fi
         html_file.write_text(page)
     except OSError as e:
         raise fail(f"--html: {e}") from None
-    out.print(f"report: {html_file} ({len(page) / 2**20:.1f} MB, self-contained)", highlight=False)
+    out.print(f"report: {html_file} ({len(page) / 2**20:.1f} MB, self-contained)", highlight=False, markup=False)
 
 
 @app.command()
@@ -382,7 +383,7 @@ def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
 
     host_found = host_problems(paths.home())
     for p in host_found:
-        out.print(f"  problem: {p}", highlight=False)
+        out.print(f"  problem: {p}", highlight=False, markup=False)
     if not host_found:
         out.print("  host: engine imports, GPUs (if any) free, transformers recent, disk enough", highlight=False)
     ledger = open_ledger()
@@ -396,7 +397,7 @@ def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     except gitops.RepoError as e:
         raise fail(f"run {row.id}: {e}", 1) from None
     for line in lines:
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, markup=False)
     if found or host_found:
         raise typer.Exit(1)
     out.print("  consistent: ledger, study and branches agree; no trial process left")

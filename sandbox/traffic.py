@@ -181,10 +181,14 @@ def keys_hash(requests: list[Request]) -> str:
 def _number(where: str, name: str, value: Any, kind: Any) -> Any:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:   # a 400-digit integer: beyond any float
+            raise TrafficError(f"{where}: {name} is an integer of {len(str(value))} digits, beyond any number "
+                               f"this field takes") from None
     if bool not in kinds and isinstance(value, bool) or not isinstance(value, kinds):
         names = "/".join("number" if k is float else k.__name__ for k in kinds)
-        raise TrafficError(f"{where}: {name} is {value!r}, not a {names}")
+        raise TrafficError(f"{where}: {name} is {str(value)[:60]!r}, not a {names}")
     if isinstance(value, float) and not math.isfinite(value):
         raise TrafficError(f"{where}: {name} is {value!r}")
     return value
@@ -305,6 +309,8 @@ def _records(path: Path) -> tuple[list[tuple[int, Any]], str]:
             items = json.loads(text)
         except json.JSONDecodeError as e:
             raise TrafficError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        except (RecursionError, ValueError) as e:   # nested past the parser's depth; an integer of 4,300+ digits
+            raise TrafficError(f"{path}: not JSON this agent reads ({_why(e)})") from None
         return [(i + 1, item) for i, item in enumerate(items)], "array"
     out = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -314,7 +320,15 @@ def _records(path: Path) -> tuple[list[tuple[int, Any]], str]:
             out.append((number, json.loads(line)))
         except json.JSONDecodeError as e:
             raise TrafficError(f"{path}:{number}: not a JSON object ({e.msg}): {line[:60]!r}") from None
+        except (RecursionError, ValueError) as e:
+            raise TrafficError(f"{path}:{number}: not JSON this agent reads ({_why(e)})") from None
     return out, "lines"
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, RecursionError):
+        return "nested deeper than the parser's limit"
+    return "an integer of more than 4,300 digits" if "digits" in str(e) else str(e).splitlines()[0][:120]
 
 
 def _sharegpt(path: Path, records: list[tuple[int, Any]], count_tokens: Callable[[str], int] | None,

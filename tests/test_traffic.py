@@ -286,7 +286,9 @@ def test_a_run_on_user_traffic_keeps_held_out_requests_out_of_search_and_prompts
     given = run.settings["traffic_source"]
     assert given["file"] == "mine.jsonl" and given["file_hash"] == hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     assert run.settings["traffic"]["split_hash"] and run.settings["traffic"]["traffic"]["requests"] == 120
-    assert run.settings["max_model_len"] == 768   # the quality window's 513 tokens, rounded up
+    # Every trial serves the context the branch ships: the model's own maximum, not the traffic's longest
+    # request (35 tokens with its greedy quality answers), which is kept beside it.
+    assert run.settings["max_model_len"] == 32768 and run.settings["longest_request"] == 35
     # The shipped space's noise prior, recorded once, in the run's settings as it started.
     assert run.settings["gate"]["noise_prior"] == {"sd": 0.07, "df": 4} and "noise_prior" not in run.calibration
     assert "with the space's prior ±7.0% worth 4 df" in proc.stdout + proc.stderr
@@ -295,7 +297,7 @@ def test_a_run_on_user_traffic_keeps_held_out_requests_out_of_search_and_prompts
     assert len(sent) >= 4
     for spec in sent:
         w = load_workload(spec["workload"])
-        assert spec["flags"]["max-model-len"] == 768
+        assert spec["flags"]["max-model-len"] == 32768
         drawn = [*w.warmups(), *(r for rep in range(spec["repeats"]) for r in w.measured(rep))]
         if spec.get("quality") != "none":
             drawn += w.quality_requests(8)
