@@ -476,11 +476,26 @@ class Ledger:
         import sqlite3
 
         db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
+        # mode=ro keeps the ledger's own file unwritten, not the disk: VACUUM INTO copies the ledger to any
+        # path, ATTACH creates a file (and takes CREATE TABLE in it). Refused before they run.
+        db.set_authorizer(_read_only)
         try:
             rows = db.execute(query)
             return [d[0] for d in rows.description or []], rows.fetchall()
+        except sqlite3.DatabaseError as e:
+            if "not authorized" in str(e) or "authorization denied" in str(e):
+                raise ValueError(f"{' '.join(query.split()[:2])!r}: agent ledger sql only reads; it does not "
+                                 f"attach, copy or write database files") from None
+            raise
         finally:
             db.close()
+
+
+def _read_only(action: int, *_: Any) -> int:
+    """An SQLite authorizer for `agent ledger sql`: no ATTACH or DETACH (VACUUM INTO a file attaches it)."""
+    import sqlite3
+
+    return sqlite3.SQLITE_DENY if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH) else sqlite3.SQLITE_OK
 
 
 def _changed(result: Any) -> int:

@@ -92,3 +92,18 @@ def test_history_reads_the_bulk_columns_only_where_asked(ledger):
     assert base.greedy == [[1, 2, 3]]
     with pytest.raises((InvalidRequestError, DetachedInstanceError)):   # never a silent second query
         _ = cand.greedy
+
+
+def test_ledger_sql_reads_and_writes_no_file_on_either_database(ledger, tmp_path):
+    """SQLite opened read-only still ran VACUUM INTO (a full copy of the ledger anywhere) and ATTACH (a new
+    file, with CREATE TABLE in it); PostgreSQL runs the query in a read-only transaction, rolled back."""
+    assert ledger.sql("select id from runs")[1] == [("r",)]
+    tries = ["delete from trials", "create table sneaked (x int)"]
+    if ledger.sqlite:
+        tries += [f"vacuum into '{tmp_path / 'copy.sqlite'}'", f"attach database '{tmp_path / 'new.sqlite'}' as x"]
+    for query in tries:
+        with pytest.raises(Exception) as e:
+            ledger.sql(query)
+        assert not ledger.sqlite or "\n" not in str(e.value).strip(), query   # the CLI's line: test_scale_out
+    assert not (tmp_path / "copy.sqlite").exists() and not (tmp_path / "new.sqlite").exists()
+    assert ledger.sql("select count(*) from trials")[1] == [(0,)] and ledger.run("r") is not None
