@@ -92,3 +92,21 @@ def test_model_path_prints_the_prepared_folder_and_says_when_there_is_none(embed
     assert ready.returncode == 0 and ready.stdout.strip() == str(embedded_model)
     none = agent({**os.environ, "AGENT_HOME": str(tmp_path)}, "model", "path")
     assert none.returncode == 1 and "run agent model prepare" in none.stdout + none.stderr
+
+
+def test_an_error_naming_markup_is_one_line_of_text(tmp_path):
+    """A run, branch or table named "[/x]" is data: each command's error prints it as text, one line,
+    exit status 1 or 2 (before: Rich's MarkupError traceback)."""
+    env = {**os.environ, "AGENT_HOME": str(tmp_path), "COLUMNS": "300"}
+    traffic = tmp_path / "t.jsonl"
+    traffic.write_text('{"prompt": "[/x]", "max_tokens": "[/x]"}\n')
+    for args in (["ledger", "sql", 'select * from "[/x]"'], ["report", "--run", "[/x]"], ["status", "--run", "[/x]"],
+                 ["verify", "agent/[/x]/1"], ["run", "--resume", "[/x]"], ["branches", "--run", "[/x]", "--diff"],
+                 ["run", "--budget", "5m", "--traffic", str(traffic)]):
+        done = agent(env, *args)
+        said = (done.stdout + done.stderr).strip().splitlines()
+        assert "Traceback" not in done.stderr and "MarkupError" not in done.stderr, (args, done.stderr[-500:])
+        if args[0] == "branches":   # no run of that name: nothing to list, said as such
+            assert done.returncode == 0
+            continue
+        assert done.returncode in (1, 2) and said[-1].startswith("error:") and "[/x]" in said[-1], (args, said)
