@@ -84,7 +84,8 @@ def test_traffic_export_writes_the_claims_split_and_refuses_another_file(night, 
     assert refused.returncode == 1 and "the run measured" in refused.stderr + refused.stdout
     assert not (tmp_path / "x.jsonl").exists()
     missing = agent(env, "traffic", "export", "--branch", "agent/nope/1", str(tmp_path / "y.jsonl"))
-    assert missing.returncode == 1 and "is not a branch agent/<run-id>/<trial> of a run" in missing.stdout + missing.stderr
+    said = missing.stdout + missing.stderr
+    assert missing.returncode == 1 and "is not a branch agent/<run-id>/<trial> of a run" in said
 
 
 def test_model_path_prints_the_prepared_folder_and_says_when_there_is_none(embedded_model, tmp_path):
