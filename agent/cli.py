@@ -286,7 +286,7 @@ def branches(run_id: str = typer.Option(None, "--run", help="Only this run."),
             return
         if diff:
             for t in sorted((t for t in ledger.trials(run_id) if t.branch), key=lambda t: -t.claimed_ratio):
-                for line in morning.diff(ledger, t.branch):
+                for line in morning.diff(ledger, t.branch or ""):
                     out.print(line, highlight=False, markup=False)
             return
     except morning.BranchError as e:

@@ -71,7 +71,8 @@ def results_of(run: Run, trial: Trial) -> results_file.Results:
     traffic = (run.settings or {}).get("traffic") or {}
     given = (run.settings or {}).get("traffic_source") or traffic.get("traffic") or {}
     rate = re.fullmatch(r"(?:rate|poisson):([0-9.]+).*", str(meter.get("arrivals") or ""))
-    pct = lambda d: {k: (d or {}).get(k) for k in ("p50", "p90", "p99", "mean", "n")}   # noqa: E731
+    pct = lambda d: results_file.Percentiles(**{k: (d or {}).get(k)  # noqa: E731
+                                                for k in ("p50", "p90", "p99", "mean", "n")})
     served_len = flags.get("max-model-len")
     return results_file.Results(
         agent=results_file.Agent(version=_version(), commit=_commit()),

@@ -129,9 +129,7 @@ def env_only_lines(trials: list[TrialView]) -> list[str]:
 
 def as_json(row: RunView, trials: list[TrialView]) -> dict:
     """`agent report --json`: the run's row and every trial's, as the ledger holds them (views)."""
-    from dataclasses import asdict
-
-    return {"run": asdict(row), "trials": [asdict(t) for t in trials]}
+    return {"run": dict(vars(row)), "trials": [dict(vars(t)) for t in trials]}
 
 
 def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule],

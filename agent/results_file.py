@@ -30,30 +30,33 @@ class Percentiles(Strict):
     p90: float | None = None
     p99: float | None = None
     mean: float | None = None
-    n: int | None = Field(None, description="values behind the percentiles (None: a branch written before counts)")
+    n: int | None = Field(default=None,
+                          description="values behind the percentiles (None: a branch written before counts)")
 
 
 class Latency(Strict):
     """The candidate's search instance; every figure in ms."""
-    ttft_ms: Percentiles = Percentiles()
-    tpot_ms: Percentiles = Field(Percentiles(), description="per request: (end-to-end - TTFT) / (tokens - 1)")
-    itl_token_ms: Percentiles = Field(Percentiles(), description="chunk gaps per token they bring")
-    itl_chunk_ms: Percentiles = Field(Percentiles(), description="every gap between two streamed chunks")
-    e2e_ms: Percentiles = Percentiles()
+    ttft_ms: Percentiles = Field(default_factory=Percentiles)
+    tpot_ms: Percentiles = Field(default_factory=Percentiles,
+                                 description="per request: (end-to-end - TTFT) / (tokens - 1)")
+    itl_token_ms: Percentiles = Field(default_factory=Percentiles, description="chunk gaps per token they bring")
+    itl_chunk_ms: Percentiles = Field(default_factory=Percentiles,
+                                      description="every gap between two streamed chunks")
+    e2e_ms: Percentiles = Field(default_factory=Percentiles)
 
 
 class Claim(Strict):
     unit: str = Field(description="the unit of figure, baseline_figure and heldout_figure (tokens/s, requests/s)")
     objective: dict[str, Any] = {}
     statement: str = ""
-    figure: float | None = Field(None, description="the candidate's search instance")
+    figure: float | None = Field(default=None, description="the candidate's search instance")
     baseline_figure: float | None = None
     search_ratio: float | None = None
     search_interval: list[float] | None = None
     heldout_figure: float | None = None
-    heldout_ratio: float | None = Field(None, description="the claim: candidate instances over the defaults' "
+    heldout_ratio: float | None = Field(default=None, description="the claim: candidate instances over the defaults' "
                                                           "on held-out prompts")
-    heldout_interval: list[float] | None = Field(None, description="the claim's one-sided bounds")
+    heldout_interval: list[float] | None = Field(default=None, description="the claim's one-sided bounds")
     heldout_instances: Any = None
     repeat_figures: list[float] | None = None
     drift: float | None = None
@@ -61,7 +64,7 @@ class Claim(Strict):
 
 
 class Noise(Strict):
-    log_sd: float | None = Field(None, description="instance-to-instance noise of the defaults (log scale)")
+    log_sd: float | None = Field(default=None, description="instance-to-instance noise of the defaults (log scale)")
     df: int | None = None
     prior: dict[str, Any] = {}
 
@@ -69,8 +72,8 @@ class Noise(Strict):
 class QualityFigures(Strict):
     ppl: float | None = None
     baseline_ppl: float | None = None
-    ppl_change: float | None = Field(None, description="relative to the defaults' perplexity")
-    greedy_agreement: float | None = Field(None, description="share of greedy tokens equal to the defaults'")
+    ppl_change: float | None = Field(default=None, description="relative to the defaults' perplexity")
+    greedy_agreement: float | None = Field(default=None, description="share of greedy tokens equal to the defaults'")
     lossless: bool | None = None
     greedy_rule: str | None = None
     flips: list[Any] = []
@@ -79,11 +82,11 @@ class QualityFigures(Strict):
 
 class Load(Strict):
     """How requests reached the server while it was measured."""
-    arrivals: str = Field("concurrency", description="concurrency (closed loop), rate:R, poisson:R or trace")
-    concurrency: int | None = Field(None, description="requests in flight (closed loop)")
-    rate: float | None = Field(None, description="requests/s (open loop)")
+    arrivals: str = Field(default="concurrency", description="concurrency (closed loop), rate:R, poisson:R or trace")
+    concurrency: int | None = Field(default=None, description="requests in flight (closed loop)")
+    rate: float | None = Field(default=None, description="requests/s (open loop)")
     requests_per_phase: int | None = None
-    repeats: int | None = Field(None, description="measured phases a server instance")
+    repeats: int | None = Field(default=None, description="measured phases a server instance")
     warmup_requests: int | None = None
 
 
@@ -91,9 +94,9 @@ class Traffic(Strict):
     """The requests, by hash and shares: never a prompt."""
     meter: str | None = None
     meter_version: int | None = None
-    file: str | None = Field(None, description="the traffic file as the user named it")
+    file: str | None = Field(default=None, description="the traffic file as the user named it")
     format: str | None = None
-    file_hash: str | None = Field(None, description="sha256 of the user's traffic file")
+    file_hash: str | None = Field(default=None, description="sha256 of the user's traffic file")
     requests: int | None = None
     split: str | None = None
     split_hash: str | None = None
@@ -107,10 +110,12 @@ class Serving(Strict):
     model_revision: str | None = None
     flags: dict[str, Any] = {}
     env: dict[str, str] = {}
-    changed: dict[str, Any] = Field({}, description="the knobs the candidate changed from the engine's defaults")
-    env_only: bool = Field(False, description="the whole change is in environment variables")
-    host_specific: dict[str, str] = Field({}, description="variable -> why its value belongs to the measuring host")
-    max_model_len: int | None = Field(None, description="the context the branch serves (the model's maximum "
+    changed: dict[str, Any] = Field(default_factory=dict,
+                                    description="the knobs the candidate changed from the engine's defaults")
+    env_only: bool = Field(default=False, description="the whole change is in environment variables")
+    host_specific: dict[str, str] = Field(default_factory=dict,
+                                          description="variable -> why its value belongs to the measuring host")
+    max_model_len: int | None = Field(default=None, description="the context the branch serves (the model's maximum "
                                                         "unless the user chose one)")
 
 
@@ -127,21 +132,21 @@ class Agent(Strict):
 
 
 class Results(Strict):
-    schema_version: Literal[1] = SCHEMA_VERSION
-    agent: Agent = Agent()
+    schema_version: Literal[1] = 1
+    agent: Agent = Field(default_factory=Agent)
     run: str
     trial: int
     source: str | None = None
     rationale: str | None = None
     claim: Claim
-    noise: Noise = Noise()
-    quality: QualityFigures = QualityFigures()
-    latency: Latency = Latency()
-    load: Load = Load()
-    traffic: Traffic = Traffic()
+    noise: Noise = Field(default_factory=Noise)
+    quality: QualityFigures = Field(default_factory=QualityFigures)
+    latency: Latency = Field(default_factory=Latency)
+    load: Load = Field(default_factory=Load)
+    traffic: Traffic = Field(default_factory=Traffic)
     serving: Serving
-    measurement: Measurement = Measurement()
-    engine: dict[str, Any] = Field({}, description="name and version of the engine that served it")
+    measurement: Measurement = Field(default_factory=Measurement)
+    engine: dict[str, Any] = Field(default_factory=dict, description="name and version of the engine that served it")
     hardware: dict[str, Any] = {}
     device: Any = None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import git
 
@@ -52,8 +53,8 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
     run = ledger.run(found.run)
     if run is None:
         raise VerifyError(f"{branch}: run {found.run} is not in the ledger")
-    claim = {"flags": found.serving.flags, "env": found.serving.env, "heldout_ratio": found.claim.heldout_ratio,
-             "search_ratio": found.claim.search_ratio}
+    claim: dict[str, Any] = {"flags": found.serving.flags, "env": found.serving.env,
+                             "heldout_ratio": found.claim.heldout_ratio, "search_ratio": found.claim.search_ratio}
     if not claim["search_ratio"]:
         raise VerifyError(f"{branch}: serving/results.json claims no ratio to re-measure")
     base_row = next((t for t in ledger.trials(run.id) if t.source == Source.BASELINE), None)
