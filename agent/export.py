@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import results_file
-from sandbox.traffic import TrafficError
-from sandbox.traffic import load as load_traffic
+from sandbox.contract import TrafficError, load_traffic
 
 
 class ExportError(ValueError):
