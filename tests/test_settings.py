@@ -102,7 +102,7 @@ def test_the_run_s_inputs_beside_its_settings_come_back_typed_and_an_older_row_r
     from agent.context import Inputs, inputs_of
 
     given = Inputs(budget="8h", budget_s=28800.0, workers=4, planner="off", planner_base_url="http://h/v1",
-                   draft_models=["/models/d"], model_given="org/m", max_model_len=4096,
+                   draft_models=["/models/d"], model_given="org/m", max_model_len=4096, longest_request=702,
                    choices={"VLLM_CPU_OMP_THREADS_BIND": ["auto", "0-1"]}, quality_text_hash="abc",
                    traffic={"name": "mine"}, traffic_source={"path": "t.jsonl"}, storage="postgresql",
                    arrivals="rate:4", objective="goodput", num_prompts=50, slo_e2e_p99_ms=900.0)
