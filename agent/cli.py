@@ -214,6 +214,8 @@ def run(**options) -> None:
     ledger = open_ledger()
     try:
         with told(), recovery.run_lock(paths.home()):
+            if request.resume and part.commit_pending(ledger, request.resume):
+                return   # a finished run whose accepted configs a git error left unbranched: committed now
             if request.resume:
                 row = part.reopen(ledger, request.resume)
             else:
@@ -291,8 +293,13 @@ def branches(run_id: str = typer.Option(None, "--run", help="Only this run."),
             return
     except morning.BranchError as e:
         raise fail(str(e), 1) from None
-    out.print(report_text.branch_table(views.trials(ledger.trials(run_id))))
-    for line in report_text.env_only_lines(views.trials(ledger.trials(run_id))):
+    trials = views.trials(ledger.trials(run_id))
+    waiting = report_text.unbranched(trials)
+    if waiting and not any(t.branch for t in trials):
+        out.print("no branch yet; accepted, waiting for its branch:", highlight=False)
+    else:
+        out.print(report_text.branch_table(trials))
+    for line in [*waiting, *report_text.env_only_lines(trials)]:
         out.print(line, highlight=False, markup=False)
 
 @app.command()

@@ -48,6 +48,25 @@ def open_repo(path: Path, create: bool = False) -> git.Repo:
     return repo
 
 
+def namespace_clash(repo: git.Repo, run_id: str | None = None) -> str | None:
+    """Why no branch agent/<run>/<n> could be created in repo, or None: a branch named `agent` (git keeps
+    a ref and a folder of refs apart, so every `update-ref refs/heads/agent/...` would fail), one named
+    after the run itself, or a repository this process cannot write. Checked before a night starts."""
+    where = repo.working_dir or repo.git_dir
+    names = {h.name for h in repo.heads}
+    stem = PREFIX.rstrip("/")
+    if stem in names:
+        return (f"{where}: its branch {stem!r} keeps every branch {PREFIX}<run>/<n> from being created (a ref "
+                f"cannot also be a folder of refs); rename it (git branch -m {stem} <name>) or give another --repo")
+    if run_id and f"{PREFIX}{run_id}" in names:
+        return (f"{where}: its branch {PREFIX}{run_id!r} keeps run {run_id}'s branches {PREFIX}{run_id}/<n> "
+                f"from being created; rename it or give another --repo")
+    for folder in ("objects", "refs/heads"):
+        if not os.access(Path(repo.git_dir) / folder, os.W_OK):
+            return f"{where}: {Path(repo.git_dir) / folder} is not writable, so no branch could be committed"
+    return None
+
+
 def commit_branch(repo: git.Repo, branch: str, files: dict[str, tuple[str, bool]], message: str) -> str:
     """Commit files ({path: (text, executable)}) on top of HEAD as a new branch; return the commit."""
     if not branch.startswith(PREFIX):
@@ -68,7 +87,11 @@ def commit_branch(repo: git.Repo, branch: str, files: dict[str, tuple[str, bool]
     try:
         repo.git.update_ref(f"refs/heads/{branch}", commit, ZERO)  # create only; never overwrite
     except git.GitCommandError as e:
-        raise RepoError(f"branch {branch} already exists; not overwritten ({e.stderr.strip()[:200]})") from None
+        said = "; ".join(line.strip() for line in str(e.stderr).strip().strip("'").splitlines() if line.strip())
+        said = said.removeprefix("stderr: ").strip("'")[:200]
+        if any(h.name == branch for h in repo.heads):
+            raise RepoError(f"branch {branch} already exists; not overwritten ({said})") from None
+        raise RepoError(f"branch {branch} could not be created: {said}") from None
     return commit
 
 

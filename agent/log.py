@@ -62,6 +62,9 @@ def _line(event: str, info: dict) -> str | None:
             verdict = f"[green]accepted[/] {t.branch}"
         elif t.decision == Decision.DOMINATED:
             verdict = "accepted but " + escape(t.gate_reasons[-1][:200])
+        elif t.decision == Decision.ACCEPTED:   # a git error kept its branch: the resume commits it
+            verdict = ("[yellow]accepted, not branched yet[/]: " + escape(t.gate_reasons[-1][:200])
+                       + f" (agent run --resume {t.run_id} commits it)")
         else:
             verdict = "rejected: " + escape("; ".join(t.gate_reasons)[:240])
         held = (f", held-out {t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"

@@ -27,6 +27,7 @@ from agent import study as studies
 from agent.context import Inputs, RunContext, Seams, Settings, inputs_of, settings_of
 from agent.log import event_logger
 from agent.request import RunError, Stopped, choices, facts, load_space, served_model
+from agent.states import Decision
 from agent.terminal import console, say
 from sandbox.contract import prepare_model
 
@@ -236,6 +237,7 @@ def reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
         raise RunError(f"--resume: no run {run_id!r} in {ledger.where}")
     if row.status == "finished":
         raise RunError(f"--resume: run {run_id} already finished at {row.finished_at}")
+    repo = proposals_repo(row)   # before anything is written: a repository no branch can go into stops here
     now = ledger.now()   # the database's clock: the one every host's heartbeats were written on
     if live := crew.coordinator(ledger.workers(run_id), now):   # on another host: this host's lock cannot see it
         raise RunError(f"--resume: run {run_id} is going: its coordinator, pid {live.pid} on {live.host}, wrote "
@@ -256,10 +258,52 @@ def reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     if changed := _inputs_changed(row):
         raise RunError(f"--resume: {changed} changed since run {run_id} started; a resumed run measures what it "
                        f"started with")
-    repo = gitops.open_repo(Path(row.repo))
     for line in recovery.repair(ledger, row, study_storage(), repo):
         say(f"  repaired: {line}")
     return ledger.update(row, status="running", finished_at=None, owner=owner)
+
+
+def commit_pending(ledger: ledgers.Ledger, run_id: str) -> bool:
+    """`agent run --resume` of a finished run: the accepted configs a git error left without a branch
+    are committed, as the night would have (one a committed branch dominates is recorded so), and
+    nothing else runs. False where the run is not finished (reopen takes it up); a RunError where it
+    has nothing to commit, or a branch still cannot be written."""
+    from agent.decision import branch, unbranched
+    from agent.loop import Snapshot
+
+    row = ledger.run(run_id)
+    if row is None or row.status != "finished":
+        return False
+    if not (pending := unbranched(ledger.trials(run_id))):
+        raise RunError(f"--resume: run {run_id} already finished at {row.finished_at}; no accepted config of "
+                       f"it is waiting for its branch")
+    repo = proposals_repo(row)
+    settings, space = run_settings(row)
+    ctx, why = RunContext(row, settings, space), []
+    seams = Seams(ledger, make_engine(None), repo, lambda event, **info: why.append(str(info.get("phase", ""))))
+    for t in pending:   # in trial order, as the night met them
+        now = Snapshot.read(ctx, ledger)
+        branch(ctx, seams, t, now.base, now.history)
+        if t.branch:
+            say(f"trial {t.number}: committed {t.branch} at {(t.commit or '')[:10]} "
+                f"({report_text.claim(t)})")
+        elif t.decision != Decision.ACCEPTED:
+            say(f"trial {t.number}: {t.gate_reasons[-1]}")   # dominated by one committed before it
+        else:
+            raise RunError(f"--resume: run {run_id}, trial {t.number}: {why[-1] if why else 'not committed'}; "
+                           f"fix the cause, then: agent run --resume {run_id}", 1)
+    return True
+
+
+def proposals_repo(row: ledgers.Run):
+    """The run's repository, checked that its branches can be created there (RunError if not)."""
+    try:
+        repo = gitops.open_repo(Path(row.repo))
+    except gitops.RepoError as e:
+        raise RunError(f"--resume: {e}") from None
+    if clash := gitops.namespace_clash(repo, row.id):
+        raise RunError(f"--resume: {clash}")
+    return repo
 
 
 def _inputs_changed(row: ledgers.Run) -> str | None:

@@ -220,7 +220,8 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
         out += [f"trial {t.number}: measured ({t.status}) but never judged by the gate: `agent run --resume "
                 f"{run.id}` judges it from its recorded result" for t in decision.unjudged(trials)]
         out += [f"trial {t.number}: accepted but no branch was committed: `agent run --resume {run.id}` "
-                f"commits it" for t in decision.unbranched(trials)]
+                f"commits it" + (" and does nothing else (the run is finished)" if run.status == "finished" else "")
+                for t in decision.unbranched(trials)]
     return out + worker_problems(ledger, run, trials)
 
 

@@ -94,13 +94,24 @@ def summary(run: RunView, trials: list[TrialView]) -> Iterator[str]:
     """The lines a finished run ends with."""
     accepted = [t for t in trials if t.branch]
     failed = [t for t in trials if t.status == Status.FAILED]
-    yield (f"finished: run {run.id}, {len(trials)} trials, {len(failed)} failed, {len(accepted)} accepted; "
-           f"baseline {run.baseline_figure:.2f} {objective.of_run(run).unit} (noise ±{run.noise:.1%} "
-           f"log-sd, {run.noise_df} df)")
+    waiting = unbranched(trials)
+    yield (f"finished: run {run.id}, {len(trials)} trials, {len(failed)} failed, {len(accepted) + len(waiting)} "
+           f"accepted{f' ({len(waiting)} not branched yet)' if waiting else ''}; baseline {run.baseline_figure:.2f} "
+           f"{objective.of_run(run).unit} (noise ±{run.noise:.1%} log-sd, {run.noise_df} df)")
     yield from defaults_best(run, trials)
     for t in sorted(accepted, key=lambda t: -t.claimed_ratio):
         yield (f"  {t.branch}: {t.figure:.2f} {objective.of(t.meter).unit}, {claim(t)}, ppl {t.ppl_change:+.2%}, "
                f"{latencies(t, trials)}")
+    yield from waiting
+
+
+def unbranched(trials: list[TrialView]) -> list[str]:
+    """Accepted configs whose branch a git error kept from being committed: accepted, never called
+    rejected, and the command that commits them."""
+    return [f"  trial {t.number}: accepted ({claim(t)}) but not branched yet: "
+            f"{next((r for r in reversed(t.gate_reasons or []) if r.startswith('not committed')), 'no branch')}; "
+            f"agent run --resume {t.run_id} commits it"
+            for t in trials if t.decision == Decision.ACCEPTED and not t.branch]
 
 
 def branch_table(trials: list[TrialView]) -> Table | str:
@@ -192,6 +203,7 @@ def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule],
     for t in (t for t in trials if on_latency(t)):   # faster, perhaps, but by holding requests longer
         yield (f"  trial {t.number} refused on latency: {t.search_ratio:.3f}x search, {latencies(t, trials)} "
                f"[{t.source}] {', '.join(f'{k}={v}' for k, v in t.params.items())}")
-    if not accepted:
+    yield from (waiting := unbranched(trials))
+    if not accepted and not waiting:
         said = list(defaults_best(row, trials)) if row.status == "finished" else []
         yield from said or ["  no accepted config yet"]

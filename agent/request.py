@@ -189,6 +189,8 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
         proposals = gitops.open_repo(r.repo or home / "proposals", create=r.repo is None)
     except gitops.RepoError as e:
         raise RunError(f"--repo: {e}") from None
+    if clash := gitops.namespace_clash(proposals):   # before the model, so a night cannot end unbranched
+        raise RunError(f"--repo: {clash}")
     given = model
     model, revision = model_ready(model, say)
     draft_model = [draft_ready(d, say) for d in draft_model or []]

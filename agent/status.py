@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agent import crew, objective, refusals, views
+from agent import crew, objective, refusals, report_text, views
 from agent.budget import minutes, plan_line
 from agent.ledger import Ledger, Run, Worker
 from agent.recovery import lock_holder
@@ -113,6 +113,8 @@ def describe(run: RunView, trials: list[TrialView], home: Path, now: datetime | 
     if accepted:
         b = accepted[0]
         lines.append(f"  best so far: {b.branch} {b.held_out_claim or f'{b.search_ratio:.3f}x'}, trial {b.number}")
+    elif waiting := report_text.unbranched(trials):
+        lines += waiting
     else:
         lines.append("  best so far: nothing accepted yet")
     done = [t for t in trials if t.status != Status.RUNNING]
@@ -123,7 +125,7 @@ def describe(run: RunView, trials: list[TrialView], home: Path, now: datetime | 
         return lines
     lines.append(f"  {len(done)} trial(s) done: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
                  + (f"; failures: {', '.join(f'{n} {c}' for c, n in sorted(failures.items()))}" if failures else "")
-                 + f"; {len(accepted)} accepted")
+                 + f"; {sum(1 for t in trials if t.decision == Decision.ACCEPTED)} accepted")
     return lines
 
 

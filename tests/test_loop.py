@@ -707,40 +707,6 @@ def load_split(spec: dict) -> str:
     return load_workload(spec["workload"]).prompt_split
 
 
-def test_an_accepted_config_whose_commit_failed_is_named_by_doctor_and_branched_on_resume(tmp_path, monkeypatch):
-    """Window 2 by a git error, not a kill: the row stays accepted with the reason; `agent doctor`'s
-    check names it; the next `agent run` on the run commits its branch. Before, a git error other than
-    RepoError ended the run, and either left the row accepted with no branch forever, unreported."""
-    import git
-
-    from agent import recovery
-
-    commit = gitops.commit_branch
-    calls = []
-
-    def failing(*args, **kwargs):
-        calls.append(args[1])
-        if len(calls) == 1:
-            raise git.GitCommandError(["git", "commit"], 128, b"fatal: unable to write new index file")
-        return commit(*args, **kwargs)
-
-    monkeypatch.setattr(gitops, "commit_branch", failing)
-    settings = Settings(model="m", workload="smoke", max_trials=2, facts={"cpus": 2, "concurrency": 1})
-    ledger, run = _run(tmp_path, "rg", FakeEngine(), settings)
-    accepted = [t for t in ledger.trials("rg") if t.decision == "accepted"]
-    assert accepted and calls, [(t.number, t.decision) for t in ledger.trials("rg")]
-    first = accepted[0]
-    assert first.branch is None and any("not committed: " in r and "unable to write" in r for r in first.gate_reasons)
-    repo, storage = gitops.open_repo(tmp_path / "p"), f"sqlite:///{tmp_path / 'o.sqlite'}"
-    said = recovery.problems(ledger, run, storage, repo)
-    assert f"trial {first.number}: accepted but no branch was committed: `agent run --resume rg` commits it" in said
-    ledger, run = _run(tmp_path, "rg", FakeEngine(), settings, ledger=ledger)   # the resume: no new trial
-    row = next(t for t in ledger.trials("rg") if t.number == first.number)
-    assert (row.branch == f"agent/rg/{first.number}"
-            and row.commit in gitops.open_repo(tmp_path / "p").git.rev_parse(row.branch))
-    assert recovery.problems(ledger, run, storage, gitops.open_repo(tmp_path / "p")) == []
-
-
 def test_a_planners_range_outside_its_knob_is_refused_said_and_never_applied(tmp_path):
     """A planner's narrowed range is data like its proposals: one outside the knob's own range (or for a
     knob that is not numeric) is refused with its reason, not recorded, and the sampler keeps the whole
