@@ -46,6 +46,8 @@ def lock_holder(home: Path) -> int | None:
         text = (home / "run.lock").read_text()
     except OSError:
         return None
+    if not text.startswith(RUN + ","):   # `agent doctor` holds it for a moment: no run is going
+        return None
     pid = text.rsplit("pid ", 1)[-1].strip() if "pid " in text else ""
     if not pid.isdigit():
         return None
@@ -56,10 +58,15 @@ def lock_holder(home: Path) -> int | None:
         return None
 
 
+RUN = "agent run"
+DOCTOR = "agent doctor (checking for stray trial processes; it lets go in seconds)"
+
+
 @contextmanager
-def run_lock(home: Path) -> Iterator[None]:
+def run_lock(home: Path, holder: str = RUN) -> Iterator[None]:
     """One `agent run` per ledger at a time. The kernel drops the lock when the process dies,
-    so a crashed run never blocks its own resume."""
+    so a crashed run never blocks its own resume. holder is who the lock file names: a run, or
+    `agent doctor` for the moment it looks for strays (an `agent run` refused then is told so)."""
     home.mkdir(parents=True, exist_ok=True)
     path = home / "run.lock"
     with open(path, "a+") as handle:
@@ -67,11 +74,11 @@ def run_lock(home: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise Busy(f"{path} is held by {holder}: one agent run per ledger at a time") from None
+            held = handle.read().strip() or "another process"
+            raise Busy(f"{path} is held by {held}: one agent run per ledger at a time") from None
         handle.seek(0)
         handle.truncate()
-        handle.write(f"agent run, pid {os.getpid()}")
+        handle.write(f"{holder}, pid {os.getpid()}")
         handle.flush()
         yield
 
@@ -260,7 +267,7 @@ def checkup(ledger: Ledger, run: Run, storage: str, home: Path) -> tuple[list[st
     repo = gitops.open_repo(Path(run.repo)) if run.repo else None
     found, lines = problems(ledger, run, storage, repo), []
     try:
-        with run_lock(home):  # only when no run is going can a trial process be a stray
+        with run_lock(home, DOCTOR):  # only when no run is going can a trial process be a stray
             found += stray_servers(Path(run.settings.get("home") or home) / run.id)
     except Busy as e:
         lines.append(f"  a run is in progress ({e}); trial processes not checked")

@@ -57,16 +57,32 @@ def resolve(url: str | None, home: Path) -> Storage:
         return Storage(f"sqlite:///{home / 'ledger.sqlite'}", f"sqlite:///{home / 'optuna.sqlite'}", "sqlite")
     try:
         parsed = make_url(url)
-    except ArgumentError:
-        raise StorageError(f"--storage: {url.split('@')[-1]!r} is not a database URL "
-                           f"(postgresql://user:password@host:5432/db)") from None
+    except (ArgumentError, ValueError) as e:   # ValueError: a port that is no number, an '@' in a password
+        why = "has a port that is not a number" if isinstance(e, ValueError) else "is not a database URL"
+        raise StorageError(f"--storage: {shown(url)!r} {why} (postgresql://user:password@host:5432/db; an '@', "
+                           f"':' or '/' in a password is written %40, %3A, %2F)") from None
     if parsed.get_backend_name() != "postgresql":
         raise StorageError(f"--storage: {parsed.get_backend_name()!r} is not supported; give a PostgreSQL URL "
                            f"(postgresql://user:password@host:5432/db), or leave it out for SQLite under {home}")
     # psycopg (3) is the driver this project installs; a plain postgresql:// would ask for psycopg2.
     parsed = parsed.set(drivername="postgresql+psycopg")
     rendered = parsed.render_as_string(hide_password=False)
+    try:   # the driver reads the query's options (a port given as ?port=) when the engine is made, not before
+        create_engine(rendered, connect_args=PG_CONNECT).dispose()
+    except (ArgumentError, ValueError, TypeError):   # its message may hold the URL: never printed
+        raise StorageError(f"--storage: {shown(url)!r}: the PostgreSQL driver cannot read its options (a port "
+                           f"or a query parameter); postgresql://user:password@host:5432/db") from None
     return Storage(rendered, rendered, "postgresql")
+
+
+def shown(url: str) -> str:
+    """What of a URL that did not parse may be printed: its scheme and what follows its last '@' (the
+    host, port and database), without a query; nothing of a user or password, wherever an '@' fell."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<not a URL>"
+    where = rest.rpartition("@")[2] if "@" in rest else ("***" if ":" in rest.split("/")[0] else rest)
+    return f"{scheme[:40]}://***@{where.split('?')[0][:120]}" if "@" in rest else f"{scheme[:40]}://{where.split('?')[0][:120]}"
 
 
 def prepare(storage: Storage) -> None:

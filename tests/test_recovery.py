@@ -293,6 +293,35 @@ def test_a_second_run_on_the_same_ledger_is_refused_at_once(tmp_path, monkeypatc
     assert not (tmp_path / "ledger.sqlite").exists() or Ledger(tmp_path / "ledger.sqlite").runs() == []
 
 
+def test_doctor_holds_the_run_lock_as_the_doctor_and_a_run_refused_then_is_told_so(tmp_path, monkeypatch):
+    """`agent doctor` takes the run lock for the moment it looks for stray trial processes. Before, it
+    wrote "agent run, pid <doctor>" in it: an `agent run` started then was refused naming the doctor's
+    pid as a run, and `agent status` read a run going."""
+    from agent.cli import app
+
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    proc = start(tmp_path, "checked", 4)
+    assert proc.wait(timeout=120) == 0
+    seen = []
+
+    def strays(run_dir):   # called with the lock held: what a run starting now would meet
+        try:
+            with recovery.run_lock(tmp_path):
+                seen.append("not held")
+        except recovery.Busy as e:
+            seen.append(str(e))
+        seen.append(recovery.lock_holder(tmp_path))
+        return []
+
+    monkeypatch.setattr(recovery, "stray_servers", strays)
+    result = CliRunner().invoke(app, ["doctor", "--run", "checked"])
+    assert result.exit_code == 0, result.stdout
+    busy, holder = seen
+    assert f"is held by agent doctor (checking for stray trial processes; it lets go in seconds), pid {os.getpid()}" \
+        in busy and "agent run, pid" not in busy
+    assert holder is None   # `agent status` and the doctor's own check read no run going
+
+
 def test_resume_refuses_unknown_and_finished_runs_an_edited_space_and_doctor_reports(tmp_path, monkeypatch):
     from agent.cli import app
 

@@ -3,6 +3,8 @@
 from dataclasses import fields, replace
 from pathlib import Path
 
+import pytest
+
 from agent.context import Settings, settings_of, stored
 from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
@@ -78,6 +80,38 @@ def test_a_postgresql_password_given_as_a_query_parameter_is_never_printed(tmp_p
             safe_url("postgresql://agent:s3cret-pw@db.example/runs")]
     assert not [line for line in said if "s3cret" in line], said
     assert "db.example" in said[0] and "sslmode=require" in said[0]
+
+
+MALFORMED_URLS = [
+    "postgresql://user:p@ss:S3CRET@127.0.0.1/db",      # an unencoded '@' in the password
+    "postgresql://user:S3CRET@db.example:notaport/db",  # a port that is no number
+    "postgresql://user:S3CRET@[::1/db",                 # an unclosed IPv6 bracket
+    "postgresql://user:S3CRET",                         # no host at all
+    "postgres ql://user:S3CRET@db.example/db",          # not a URL SQLAlchemy reads
+    "postgresql://user@db.example/db?password=S3CRET&port=x",
+]
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS)
+def test_a_malformed_storage_url_is_one_line_that_prints_no_part_of_its_password(tmp_path, monkeypatch, url):
+    """Before, an '@' in the password gave a traceback with the password in it (storage.resolve caught
+    only ArgumentError). Through the command line, as AGENT_STORAGE and as --storage."""
+    from typer.testing import CliRunner
+
+    from agent.cli import app
+
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    runner = CliRunner()
+    monkeypatch.setenv("AGENT_STORAGE", url)
+    results = [runner.invoke(app, ["status"]), runner.invoke(app, ["doctor"]), runner.invoke(app, ["ledger"])]
+    monkeypatch.delenv("AGENT_STORAGE")
+    results.append(runner.invoke(app, ["run", "--storage", url, "--budget", "1m"]))
+    for result in results:
+        said = result.stdout + result.stderr + repr(result.exception or "")
+        assert "S3CRET" not in said and "p@ss" not in said, said
+        assert result.exit_code in (1, 2) and isinstance(result.exception, SystemExit | None), said
+        lines = result.stderr.strip().splitlines()
+        assert lines and lines[-1].startswith("error: ") and "--storage" in lines[-1], said
 
 
 def test_a_model_folder_given_relative_to_here_is_made_absolute_even_where_it_looks_like_a_hub_id(tmp_path,
