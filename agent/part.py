@@ -19,7 +19,7 @@ from pathlib import Path
 from git import GitCommandError
 from sqlalchemy.exc import OperationalError
 
-from agent import crew, devices, gitops, paths, recovery, report_text, views
+from agent import crew, devices, gitops, paths, recording, recovery, report_text, views
 from agent import ledger as ledgers
 from agent import space as spaces
 from agent import storage as storages
@@ -76,7 +76,7 @@ def take_part(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, engi
     """The coordinator's part (home None: the run's own), or a worker's on this host's home."""
     settings, space = run_settings(row, home=home)
     engine = make_engine(engine_slot)
-    engine.allow(space.allowed())   # what a trial may set: the run's space, checked again by the worker
+    engine.allow(recording.allowed(space, settings))   # what a trial may set and serve: checked by the worker
     me = crew.join(ledger, row, slot, "worker" if home else "coordinator")
     events = (home / row.id / f"events-worker-{me.id}.jsonl" if home
               else Path(row.settings["home"]) / row.id / "events.jsonl")

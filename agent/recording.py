@@ -4,8 +4,9 @@ what the worker found."""
 from __future__ import annotations
 
 from agent import clock
-from agent.context import RunContext, Seams
+from agent.context import RunContext, Seams, Settings
 from agent.ledger import Ledger, Trial, utcnow
+from agent.space import Space
 from agent.states import Superseded
 from agent.stats import interval
 from sandbox.contract import TrialResult
@@ -27,6 +28,21 @@ def spec_for(ctx: RunContext, flags: dict, env: dict, stop_rules: dict | None = 
     return {"model": s.model, "flags": flags, "env": env, "workload": s.workload, "quality": s.quality,
             "repeats": s.repeats, **({"quality_text": s.quality_text} if s.quality_text else {}),
             **({"stop_rules": rules} if rules else {}), **extra}
+
+
+def allowed(space: Space, settings: Settings, model: str | None = None) -> dict:
+    """The allow-list a trial's worker checks its whole spec against (sandbox.allowed.check_spec): the
+    space's rules, and the run's own inputs for every key spec_for writes beside flags and env: the
+    model, repeats, the workload in either split (its hash covers traffic, load and chat template) and
+    the quality set (or none, for a held-out or speed-only instance)."""
+    from sandbox.contract import load_quality, load_workload
+
+    meter = load_workload(settings.workload)
+    quality = [None] if settings.quality == "none" else [None, load_quality(settings.quality,
+                                                                            settings.quality_text).hash]
+    return {**space.allowed(), "inputs": {
+        "model": model or settings.model, "trust_remote_code": False, "repeats": settings.repeats,
+        "workloads": sorted({meter.with_split(split).hash for split in ("search", "heldout")}), "quality": quality}}
 
 
 def measure(ctx: RunContext, seams: Seams, row: Trial, timeout_s: float, suffix: str = "", **extra) -> TrialResult:

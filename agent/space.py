@@ -243,7 +243,7 @@ class Space:
     def allowed(self) -> dict:
         """The allow-list the worker checks a trial's spec against (sandbox.allowed): every knob with its
         type and bounds, JSON knobs as the keys of their flag, and the fixed flags and variables as
-        their one value."""
+        their one value, which every spec must carry. The run's inputs are added by agent.recording.allowed."""
         rules: dict = {"flags": {}, "env": {}}
 
         def rule(value_or_knob: Any, text: bool) -> dict:
@@ -270,6 +270,7 @@ class Space:
                 rules["flags"].setdefault(flag, {"keys": {}})["keys"][key] = rule(knob, False)
             else:
                 rules["flags"][name] = rule(knob, False)
+        rules["fixed"] = {"flags": sorted(self.fixed_flags), "env": sorted(self.fixed_env)}   # always sent
         return rules
 
     def to_flags_env(self, point: dict) -> tuple[dict, dict]:

@@ -124,6 +124,7 @@ def checked_claim(ledger: Ledger, branch: str, rounds: Rounds, say: Callable[[st
     from agent import gitops, paths
     from agent.engine import WorkerEngine
     from agent.part import run_space
+    from agent.recording import allowed
     from agent.request import RunError
 
     parts = branch.split("/")
@@ -133,9 +134,10 @@ def checked_claim(ledger: Ledger, branch: str, rounds: Rounds, say: Callable[[st
     try:
         repo = gitops.open_repo(Path(run_row.repo))
         engine = WorkerEngine()
-        engine.allow(run_space(run_row).allowed())
+        engine.allow(allowed(run_space(run_row), settings_of(run_row), hub.served(run_row.model,
+                                                                                  run_row.model_revision)))
         r = verify(ledger, repo, branch, engine, paths.home() / run_row.id / "verify", rounds, say=say)
-    except (VerifyError, gitops.RepoError) as e:
+    except (VerifyError, gitops.RepoError, hub.ModelUnavailable) as e:
         raise RunError(str(e), 1) from None
     low, high = r["interval"]
     band = f"{r['band'][0]:.3f}x to {r['band'][1]:.3f}x"

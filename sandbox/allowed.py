@@ -4,6 +4,12 @@ the worker as a file and its hash on the worker's command line, never inside the
 checked against it before anything starts; a spec check alone (sandbox.spec) only keeps away what the
 worker owns, and a deny-list lets through what nobody thought of.
 
+Beside the rules, `fixed` names the flags and variables the space fixes (a spec must carry them), and
+`inputs` holds the run's own choices for every other key a spec has: the model, trust_remote_code,
+repeats, the workloads' hashes (traffic, load and chat template; search and held-out splits) and the
+quality sets' hashes (None: no quality phase). check_spec refuses a spec whose key differs from them;
+deadlines and stop rules are the agent's per-trial instructions, typed and bounded by sandbox.spec.
+
 A rule is one of: {"choices": [...]} (the value exactly, of the same type), {"int": [low, high]},
 {"float": [low, high]}, {"bool": true}, {"keys": {sub: rule}} (a JSON flag: only these keys). An
 environment variable's value is a string; an int or float rule reads it as one.
@@ -18,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sandbox.spec import SpecError
+from sandbox.spec import SpecError, TrialSpec
 
 INT = re.compile(r"^-?\d+$")
 
@@ -37,9 +43,32 @@ def load(path: Path, sha: str) -> dict:
         raise SpecError(f"--allowed {path}: its hash is {digest(text)}, not {sha}: the allow-list was changed")
     rules = json.loads(text)
     if (not isinstance(rules, dict) or not isinstance(rules.get("flags"), dict)
-            or not isinstance(rules.get("env"), dict)):
-        raise SpecError(f"--allowed {path}: not an allow-list (flags and env)")
+            or not isinstance(rules.get("env"), dict) or not isinstance(rules.get("inputs"), dict)):
+        raise SpecError(f"--allowed {path}: not an allow-list (flags, env and the run's inputs)")
     return rules
+
+
+def check_spec(rules: dict, spec: TrialSpec, source: str = "spec") -> None:
+    """The whole spec against the run's allow-list: its flags and variables by their rules, the space's
+    fixed ones present, and every other key the run's own (SpecError naming the first that is not)."""
+    check(rules, spec.flags, spec.env, source)
+    for part, given in (("flags", spec.flags), ("env", spec.env)):
+        for name in rules.get("fixed", {}).get(part, []):
+            if name not in given:
+                raise SpecError(f"{source}.{part}: {name} is fixed by the run's space and missing")
+    inputs = rules["inputs"]
+    quality = spec.quality.hash if spec.quality else None
+    quality_name = spec.quality.name if spec.quality else "none"
+    for key, value, allowed_values, shown in (
+            ("model", spec.model, [inputs.get("model")], repr(spec.model)),
+            ("trust_remote_code", spec.trust_remote_code, [inputs.get("trust_remote_code", False)],
+             repr(spec.trust_remote_code)),
+            ("repeats", spec.repeats, [inputs.get("repeats")], repr(spec.repeats)),
+            ("workload", spec.workload.hash, inputs.get("workloads", []),
+             f"{spec.workload.name} (hash {spec.workload.hash}: traffic, load and chat template)"),
+            ("quality", quality, inputs.get("quality", []), f"{quality_name} (hash {quality}: set and text)")):
+        if value not in allowed_values:
+            raise SpecError(f"{source}.{key}: {shown} is not the run's own")
 
 
 def check(rules: dict, flags: dict, env: dict, source: str = "spec") -> None:

@@ -52,6 +52,7 @@ RESERVED_FLAGS = frozenset(
 FLAG_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 MAX_VALUE_CHARS = 400
+MAX_DEADLINE_S = 86400.0
 
 
 class SpecError(ValueError):
@@ -189,6 +190,11 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         deadlines = Deadlines(**{k: float(v) for k, v in deadlines.items()})
     except (TypeError, ValueError, AttributeError) as e:
         raise SpecError(f"{source}.deadlines: {deadlines!r} is not a mapping of phase_s: seconds ({e})") from None
+    for f in fields(Deadlines):   # a night's longest phase is hours, not days
+        value = getattr(deadlines, f.name)
+        if value is not None and not 0 < value <= MAX_DEADLINE_S:
+            raise SpecError(f"{source}.deadlines.{f.name}: {value!r} is not a number of seconds above 0 and at most "
+                            f"{MAX_DEADLINE_S:.0f}")
     try:
         workload = load_workload(raw.get("workload", "smoke"))
         quality = None if raw.get("quality") == "none" else load_quality(raw.get("quality", "default"), quality_text)

@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = specs.load(args.spec)
         if args.allowed:
-            allowed.check(allowed.load(args.allowed, args.allowed_sha or ""), spec.flags, spec.env, str(args.spec))
+            allowed.check_spec(allowed.load(args.allowed, args.allowed_sha or ""), spec, str(args.spec))
     except specs.SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         results.write(args.out, results.failed("invalid_config", str(e)))

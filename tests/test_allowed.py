@@ -3,6 +3,7 @@ of the run's space, typed and bounded, from a file whose hash is on its command 
 checks (a deny-list of what the worker owns) let through what nobody listed."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -70,17 +71,106 @@ def test_values_keys_and_variables_outside_the_space_are_refused_by_name():
             allowed.check(rules, flags, env)
 
 
+def run_rules(space, workload="smoke", quality="quick", model="m"):
+    """The allow-list an `agent run` hands its workers (agent.recording.allowed) for these inputs."""
+    from agent.context import Settings
+    from agent.recording import allowed as run_allowed
+
+    return run_allowed(space, Settings(model=model, workload=workload, quality=quality))
+
+
+def the_agents_spec(space, run_workload="smoke", run_quality="quick", **change):
+    """A spec as agent.recording.spec_for writes it for the run's settings, then changed."""
+    from agent.context import RunContext, Settings
+    from agent.ledger import Run
+    from agent.recording import spec_for
+
+    ctx = RunContext(Run(id="r"), Settings(model="m", workload=run_workload, quality=run_quality), space)
+    flags, env = space.to_flags_env({})
+    return {**spec_for(ctx, flags, env, stop_rules={"prune_below": 3.0}), **change}
+
+
+def held_out_spec(space, workload="smoke"):
+    """The held-out instance's spec, as agent.decision.held_out writes it: the heldout split inline, no quality."""
+    from sandbox.workload import load_workload
+
+    meter = load_workload(workload).with_split("heldout")
+    return the_agents_spec(space, workload, workload={k: getattr(meter, k) for k in meter.__dataclass_fields__},
+                           quality="none")
+
+
+# Every key of a trial spec (sandbox.spec.TrialSpec, plus quality_text) and what decides it: the run's
+# inputs, exactly (the allow-list's hash on the worker's command line), or the agent's per-trial
+# instructions, typed and bounded by sandbox.spec. Each row: a value the run did not choose, and the
+# words of its refusal.
+SPEC_KEYS = {
+    "model": ("run", {"model": "/any/other/model"}, "spec.model: '/any/other/model' is not the run's own"),
+    "flags": ("run", {"flags": {"scheduler-cls": "evil.Scheduler"}}, "is not a flag of the run's space"),
+    "env": ("run", {"env": {"LD_PRELOAD": "/tmp/x.so"}}, "LD_PRELOAD"),
+    "fixed": ("run", {"flags": {}, "env": {}}, "is fixed by the run's space and missing"),
+    "workload": ("run", {"workload": "edits-c32"}, "spec.workload: edits-c32 (hash"),
+    "workload.chat_template": ("run", {"workload": "chat-template"}, "spec.workload: chat-cpu (hash"),
+    "workload.traffic": ("run", {"workload": "traffic"}, "spec.workload: chat-cpu (hash"),
+    "quality": ("run", {"quality": "default"}, "spec.quality: default (hash"),
+    "quality_text": ("run", {"quality_text": "README.md"}, "spec.quality: quick+text (hash"),
+    "trust_remote_code": ("run", {"trust_remote_code": True}, "spec.trust_remote_code: True is not the run's own"),
+    "repeats": ("run", {"repeats": 7}, "spec.repeats: 7 is not the run's own"),
+    "heldout_bench": ("bounded", {"heldout_bench": "yes"}, "heldout_bench: 'yes' is not true or false"),
+    "deadlines": ("bounded", {"deadlines": {"start_s": 1e12}}, "deadlines.start_s: 1000000000000.0 is not a number"),
+    "stop_rules": ("bounded", {"stop_rules": {"prune_below": -1}}, "prune_below: -1 is not a figure"),
+}
+
+
+def test_every_key_of_a_trial_spec_is_the_runs_own_or_typed_and_bounded(tmp_path):
+    """Before, the worker checked flags and env against the run's allow-list and nothing else: a spec
+    with trust_remote_code: true, another model, a chat template or traffic file of anyone's choosing,
+    or without the space's fixed flags was served."""
+    from dataclasses import fields
+
+    from sandbox.spec import TrialSpec, from_dict
+    from sandbox.workload import load_workload
+
+    assert {f.name for f in fields(TrialSpec)} | {"quality_text"} <= set(SPEC_KEYS) | {"fixed"}
+    space = spaces.load("vllm-cpu").with_fixed_flag("max-model-len", 4096)
+    rules = run_rules(space)
+    for spec in (the_agents_spec(space), held_out_spec(space)):   # what the agent itself sends passes
+        allowed.check_spec(rules, from_dict(spec))
+    chat = load_workload("chat-cpu")
+    (tmp_path / "other.jinja").write_text("{{ messages }}")
+    custom = {k: getattr(chat, k) for k in chat.__dataclass_fields__}
+    traffic = tmp_path / "other.jsonl"   # the run's traffic with one request's words changed
+    lines = Path(chat.traffic).read_text().splitlines()
+    first = json.loads(lines[0])
+    first["messages"][-1]["content"] = "Something else entirely: " + first["messages"][-1]["content"]
+    traffic.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    for key, (_decided_by, change, says) in SPEC_KEYS.items():
+        if key == "workload.chat_template":   # the run's chat workload, its template swapped
+            rules_here = run_rules(space, workload=custom)
+            change = {"workload": {**custom, "chat_template": str(tmp_path / "other.jinja")}}
+        elif key == "workload.traffic":   # the run's workload, its traffic file swapped
+            rules_here = run_rules(space, workload=custom)
+            change = {"workload": {**custom, "traffic": str(traffic)}}
+        else:
+            rules_here = rules
+        spec = the_agents_spec(space, **change)
+        with pytest.raises(SpecError, match=re.escape(says)):
+            allowed.check_spec(rules_here, from_dict(spec))   # from_dict refuses the bounded ones first
+
+
 def test_the_worker_refuses_a_spec_outside_its_allow_list_before_any_server(tmp_path):
-    rules = spaces.load("vllm-cpu").allowed()
+    rules = run_rules(spaces.load("vllm-cpu"))
     text = json.dumps(rules, sort_keys=True)
     (tmp_path / "allowed.json").write_text(text)
     spec = {"model": "m", "flags": {"scheduler-cls": "evil.Scheduler"}, "env": {},
             "workload": "smoke", "quality": "none"}
     (tmp_path / "trial.yaml").write_text(yaml.safe_dump(spec))
+    # The agent's own spec with one key changed that the flags' check never saw: refused by name too.
+    own = the_agents_spec(spaces.load("vllm-cpu"))
+    (tmp_path / "trusting.yaml").write_text(yaml.safe_dump({**own, "trust_remote_code": True}))
 
-    def worker(sha):
+    def worker(sha, spec="trial.yaml"):
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "sandbox.worker", str(tmp_path / "trial.yaml"), "--out",
+        done = subprocess.run([sys.executable, "-m", "sandbox.worker", str(tmp_path / spec), "--out",
                                str(tmp_path / "result.json"), "--allowed", str(tmp_path / "allowed.json"),
                                "--allowed-sha", sha], capture_output=True, text=True, cwd=ROOT, timeout=120)
         result = json.loads((tmp_path / "result.json").read_text())
@@ -89,6 +179,8 @@ def test_the_worker_refuses_a_spec_outside_its_allow_list_before_any_server(tmp_
     code, failure, took = worker(allowed.digest(text))
     assert code == 2 and failure["class"] == "invalid_config" and took < 60
     assert "scheduler-cls: --scheduler-cls is not a flag of the run's space" in failure["message"]
+    code, failure, _ = worker(allowed.digest(text), "trusting.yaml")
+    assert code == 2 and "trust_remote_code: True is not the run's own" in failure["message"]
     # The allow-list itself swapped for a wider one: its hash no longer matches what the agent gave.
     wide = {**rules, "flags": {**rules["flags"], "scheduler-cls": {"choices": ["evil.Scheduler"]}}}
     (tmp_path / "allowed.json").write_text(json.dumps(wide, sort_keys=True))
@@ -109,7 +201,7 @@ def test_the_real_engine_hands_its_worker_the_run_allow_list(tmp_path):
     from agent.engine import WorkerEngine
 
     engine = WorkerEngine()
-    engine.allow(spaces.load("vllm-cpu").allowed())
+    engine.allow(run_rules(spaces.load("vllm-cpu")))
     spec = {"model": "m", "flags": {"otlp-traces-endpoint": "http://attacker.example:4317"},
             "env": {}, "workload": "smoke", "quality": "none"}
     try:
