@@ -214,8 +214,8 @@ def run(**options) -> None:
     ledger = open_ledger()
     try:
         with told(), recovery.run_lock(paths.home()):
-            if request.resume and part.commit_pending(ledger, request.resume):
-                return   # a finished run whose accepted configs a git error left unbranched: committed now
+            if request.resume and part.settle_finished(ledger, request.resume):
+                return   # a finished run: its ungated candidates judged, its unbranched configs committed
             if request.resume:
                 row = part.reopen(ledger, request.resume)
             else:

@@ -149,12 +149,17 @@ def interrupt(ledger: Ledger, t: Trial, study: studies.Study | None, home: Path 
 
 def settle(ledger: Ledger, run: Run, study: studies.Study | None, me: Worker) -> list[str]:
     """A stopping worker's finished rows whose Optuna trials are still RUNNING: told as recorded, with
-    the value, state and constraint the loop would have told (the study as `studies.recorded` loads it)."""
+    the value, state and constraint the loop would have told (the study as `studies.recorded` loads it).
+    A candidate measured but not gated is left to whoever judges it (agent.loop.judge_cut)."""
     if study is None:
         return []
     done = []
     running = {ft.number for ft in studies.running(study)}
     for t in ledger.trials(run.id):
+        ungated = t.source in states.CANDIDATES and t.status in (states.Status.OK, states.Status.PRUNED) \
+            and t.decision is None
+        if ungated:   # told once judged (agent.loop.judge_cut), never as an ungated 0.0
+            continue
         if t.worker_id == me.id and t.optuna_number in running and t.status in states.FINISHED:
             studies.tell_row(study, t.optuna_number, t)
             done.append(f"optuna trial {t.optuna_number}: told what trial {t.number} recorded")

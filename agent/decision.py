@@ -71,9 +71,11 @@ def unbranched(history: list[Trial]) -> list[Trial]:
     return [t for t in history if t.decision == Decision.ACCEPTED and not t.branch]
 
 
-def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> Trial:
+def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
+                coordinator: bool = True) -> Trial:
     """Window 1 after the resume: the candidate judged from the result its worker wrote, as the cut run
-    would have; with that file gone it counts as cut in flight, and is measured again (loop.cut_once)."""
+    would have; with that file gone it counts as cut in flight, and is measured again (loop.cut_once).
+    coordinator False: judged as a worker judges (one that passes is put forward, not decided)."""
     path = Path(row.log_path or "").parent / "result.json"
     try:
         result = read_result(path) if row.log_path else None
@@ -86,7 +88,7 @@ def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, histo
                       failure_message=f"cut between its measurement and its gate, and its result cannot be "
                                       f"read ({why}): measured again")
     seams.say("phase", number=row.number, phase="judged from its recorded result after a crash cut its gate")
-    return judge(ctx, seams, row, result, base, history)
+    return judge(ctx, seams, row, result, base, history, coordinator)
 
 
 def put_forward(history: list[Trial]) -> Trial | None:

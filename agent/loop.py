@@ -206,16 +206,23 @@ def settle(ctx: RunContext, seams: Seams, study: studies.Study) -> None:
     cut = unjudged(trials)
     if not cut and not unbranched(trials):
         return   # a run not cut in either window: nothing more read at its start
-    running, now = {ft.number for ft in studies.running(study)}, Snapshot.read(ctx, ledger)
+    judge_cut(ctx, seams, study, cut)
+    now = Snapshot.read(ctx, ledger)
+    for row in unbranched(ledger.trials(ctx.run.id)):
+        branch(ctx, seams, row, now.base, now.history)
+
+
+def judge_cut(ctx: RunContext, seams: Seams, study: studies.Study, cut: list[Trial], coordinator: bool = True) -> None:
+    """Candidates measured but never gated (window 1), judged from their workers' results and only then
+    told to Optuna: the same rule for the coordinator at a resume, a worker at its stop and a finished
+    run's resume (coordinator False: one that passes is put forward, not decided)."""
+    running, now = {ft.number for ft in studies.running(study)}, Snapshot.read(ctx, seams.ledger)
     for row in cut:
-        row = judge_again(ctx, seams, row, now.base, now.history)
+        row = judge_again(ctx, seams, row, now.base, now.history, coordinator)
         if row.optuna_number in running and row.status == Status.INTERRUPTED:
             studies.fail(study, row.optuna_number)
         elif row.optuna_number in running:
             studies.tell_row(study, row.optuna_number, row)
-    now = Snapshot.read(ctx, ledger)
-    for row in unbranched(ledger.trials(ctx.run.id)):
-        branch(ctx, seams, row, now.base, now.history)
 
 
 def wait_for(ledger: Ledger, run: Run, ready: Callable[[Run], object], say: Callable, what: str):

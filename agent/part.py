@@ -166,13 +166,13 @@ def work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: i
     except Superseded:
         raise RunError(lost, 1) from None
     except KeyboardInterrupt:
-        interrupt_mine(ledger, row, me, home, "its worker was stopped")
+        interrupt_mine(ledger, row, me, home, "its worker was stopped", part)
         raise Stopped(f"stopped: worker {me.name} of run {row.id}; its trial in flight was ended and "
                       f"recorded") from None
     except BaselineFailed as e:   # this device cannot serve the defaults: it takes no candidate either
         raise RunError(f"worker {me.name} ({slot.device}): {e}; this device stays out of run {row.id}", 1) from None
     except DirtyMachine as e:
-        interrupt_mine(ledger, row, me, home, "its worker stopped on a dirty machine")
+        interrupt_mine(ledger, row, me, home, "its worker stopped on a dirty machine", part)
         raise RunError(f"{e}. This worker stopped rather than blame the next config; check with agent doctor, "
                        f"then: {hint}", 1) from None
     except (OperationalError, studies.StorageError) as e:
@@ -190,11 +190,21 @@ def work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: i
         f"coordinator to decide")
 
 
-def interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why: str) -> None:
-    study = studies.recorded(row.id, study_storage(), ledger.trials(row.id))   # loaded once, for both
+def interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why: str,
+                   part: Part | None = None) -> None:
+    """A stopping worker's rows: its trial in flight interrupted; one measured but not yet gated (a stop,
+    at the deadline, between its record and its gate) judged from its result as the worker would have,
+    then told; every finished row told to Optuna as recorded."""
+    from agent.decision import unjudged
+    from agent.loop import judge_cut
+
+    study = studies.recorded(row.id, study_storage(), ledger.trials(row.id))   # loaded once, for all three
     for t in ledger.trials(row.id, status="running"):
         if t.worker_id == me.id:
             crew.interrupt(ledger, t, study, home, why)
+    if part is not None and study is not None:
+        judge_cut(part.ctx, part.seams, study, [t for t in unjudged(ledger.trials(row.id)) if t.worker_id == me.id],
+                  coordinator=False)
     crew.settle(ledger, row, study, me)   # stopped between a record and its tell
     if ledger.run_now(row).status != "running":
         crew.refuse_leftovers(ledger, row.id, me.id)
@@ -263,24 +273,34 @@ def reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
     return ledger.update(row, status="running", finished_at=None, owner=owner)
 
 
-def commit_pending(ledger: ledgers.Ledger, run_id: str) -> bool:
-    """`agent run --resume` of a finished run: the accepted configs a git error left without a branch
-    are committed, as the night would have (one a committed branch dominates is recorded so), and
-    nothing else runs. False where the run is not finished (reopen takes it up); a RunError where it
-    has nothing to commit, or a branch still cannot be written."""
-    from agent.decision import branch, unbranched
-    from agent.loop import Snapshot
+def settle_finished(ledger: ledgers.Ledger, run_id: str) -> bool:
+    """`agent run --resume` of a finished run: what the night left unsettled, settled without measuring
+    anything. A candidate a stopping worker measured but never gated is judged from its result as a
+    worker judges it and told to Optuna (one that passes was put forward after the last decision, and
+    is refused as such); an accepted config a git error left without a branch is committed, as the
+    night would have (one a committed branch dominates is recorded so). False where the run is not
+    finished (reopen takes it up); a RunError where nothing is left, or a branch still cannot be written."""
+    from agent.decision import branch, unbranched, unjudged
+    from agent.loop import Snapshot, judge_cut
 
     row = ledger.run(run_id)
     if row is None or row.status != "finished":
         return False
-    if not (pending := unbranched(ledger.trials(run_id))):
+    cut, pending = unjudged(ledger.trials(run_id)), unbranched(ledger.trials(run_id))
+    if not cut and not pending:
         raise RunError(f"--resume: run {run_id} already finished at {row.finished_at}; no accepted config of "
-                       f"it is waiting for its branch")
+                       f"it is waiting for its branch and every measured candidate was judged")
     repo = proposals_repo(row)
     settings, space = run_settings(row)
     ctx, why = RunContext(row, settings, space), []
     seams = Seams(ledger, make_engine(None), repo, lambda event, **info: why.append(str(info.get("phase", ""))))
+    if cut and (study := studies.recorded(row.id, study_storage(), ledger.trials(row.id))) is not None:
+        judge_cut(ctx, seams, study, cut, coordinator=False)
+        for t in cut:
+            say(f"trial {t.number}: judged from its recorded result: {t.decision or t.status}"
+                + (f" ({t.search_ratio:.3f}x search)" if t.search_ratio else ""))
+        for line in crew.refuse_leftovers(ledger, row.id):
+            say(line)
     for t in pending:   # in trial order, as the night met them
         now = Snapshot.read(ctx, ledger)
         branch(ctx, seams, t, now.base, now.history)

@@ -119,6 +119,18 @@ def _tokens_per_step(share: float, k: int) -> float:
     return k + 1.0 if share >= 1 else (1 - share ** (k + 1)) / (1 - share)
 
 
+def _cheap_verify(space: Space, start: dict, facts: dict) -> dict:
+    """On a CPU whose cores compute no bf16 natively (neither avx512_bf16 nor AMX), a step that verifies
+    k+1 drafted tokens in bf16 costs several single steps: there the n-gram move serves float32. Binding
+    plus n-gram k=4 on a 2-core host without either read 25.73 tok/s in float32 against 17.02 in bf16
+    (1.68x and 1.11x the defaults; issue 56, docs/results.md)."""
+    knob = space.knobs.get("dtype")
+    if facts.get("native_bf16") is False and knob is not None and "float32" in knob.choices \
+            and start.get("dtype") != "float32":
+        return {"dtype": "float32"}
+    return {}
+
+
 def _defaults_repeat_share(history: list[Trial]) -> float | None:
     """The mean repeat share of the defaults' measured instances, or None if none measured it."""
     shares = [(t.measured or {})["repeat_share"] for t in history if t.source in DEFAULTS_ON_SEARCH
@@ -338,9 +350,12 @@ class BuiltinPlanner:
             # On a GPU the drafter runs on the device and keeps async scheduling, which the defaults
             # already use (turning it off was slower: docs/results.md); CPU ngram turns it off.
             drafter = {"speculative-config.method": "ngram_gpu", "async-scheduling": True} if gpu else \
-                {"speculative-config.method": "ngram"}
+                {"speculative-config.method": "ngram", **_cheap_verify(space, start, facts)}
             evidence = (f"the defaults' answers repeat their context for {repeats:.0%} of their words, as prompt "
                         f"lookup sees it" if repeats is not None else "mostly greedy")
+            if "dtype" in drafter:
+                evidence += (", served in float32: this host's cores compute no bf16 natively (neither "
+                             "avx512_bf16 nor AMX), where verifying a draft in bf16 costs several single steps")
             k = 4 if loaded else _first_draft_length(gpu, repeats)
             if k != 4 and repeats is not None:
                 evidence += (f" (about {_tokens_per_step(repeats, k):.1f} tokens a step at k={k} against "

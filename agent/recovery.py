@@ -225,7 +225,9 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
     home = (run.settings or {}).get("home")
     if run.status != "running" or not (home and lock_holder(Path(home))):   # no agent run is deciding them now
         out += [f"trial {t.number}: measured ({t.status}) but never judged by the gate: `agent run --resume "
-                f"{run.id}` judges it from its recorded result" for t in decision.unjudged(trials)]
+                f"{run.id}` judges it from its recorded result"
+                + (" and measures nothing (the run is finished)" if run.status == "finished" else "")
+                for t in decision.unjudged(trials)]
         out += [f"trial {t.number}: accepted but no branch was committed: `agent run --resume {run.id}` "
                 f"commits it" + (" and does nothing else (the run is finished)" if run.status == "finished" else "")
                 for t in decision.unbranched(trials)]

@@ -385,7 +385,13 @@ def choices(space: spaces.Space) -> dict[str, list]:
 
 def facts(hardware: dict, meter, gate: GateSettings) -> dict:
     """What the planner knows of the host, the traffic and the user's SLOs."""
-    return {**hardware, "concurrency": meter.concurrency, "max_tokens": max(r.max_tokens for r in meter.measured(0)),
+    from agent.space import host_cpu_flags
+
+    # Whether the cores compute bf16 natively (avx512_bf16 or AMX): without, a bf16 step costs several
+    # float32 ones, most where a step verifies a draft (agent.planner._speculation).
+    bf16 = bool(host_cpu_flags() & {"avx512_bf16", "amx_bf16"}) if hardware.get("kind") == "cpu" else None
+    return {**hardware, "native_bf16": bf16, "concurrency": meter.concurrency,
+            "max_tokens": max(r.max_tokens for r in meter.measured(0)),
             "sampled_share": meter.summary()["sampled_share"],
             "slo": {"ttft_p99_ms": gate.slo_ttft_p99_ms, "itl_p99_ms": gate.slo_itl_p99_ms}}
 

@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -76,6 +77,11 @@ SHAPES = {s.name: s for s in (
     # (the shipped prompt templates hold 576: fixed lengths keep the batch full, so fewer waves a phase do)
     Shape("fixed-c32", "throughput", 32, 128, 32),
     Shape("fixed-c128", "throughput", 128, 256, 128),
+    # One stream on the CPU engine (issue 56): answers that copy their prompt (edits), the shipped chat
+    # file (short answers, the Gemma chat template) and the realistic default.
+    Shape("edits-c1", "edits-cpu", 1, 6, 2),
+    Shape("chat-c1", "chat-cpu", 1, 8, 2),
+    Shape("default-c1", "default-cpu", 1, 6, 2),
 )}
 
 # Each lever alone; its flags go after the fixed ones. The defaults are vLLM's own for this host.
@@ -93,6 +99,17 @@ LEVERS = {
     "no-async-scheduling": ["--no-async-scheduling"],
     "kv-cache-fp8": ["--kv-cache-dtype", "fp8"],
 }
+# CPU levers (issue 56): core binding (an environment variable: ENV_LEVERS), n-gram speculation on top of it
+# (the planner's move: k=4, lookup 2..4), and float32, which a host without native bf16 verifies faster.
+NGRAM_K4 = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+                                    '"prompt_lookup_max": 4}']
+LEVERS |= {
+    "binding": [],
+    "binding-fp32": ["--dtype", "float32"],
+    "binding-ngram-k4": NGRAM_K4,
+    "binding-ngram-k4-fp32": [*NGRAM_K4, "--dtype", "float32"],
+}
+ENV_LEVERS = {lever: {"VLLM_CPU_OMP_THREADS_BIND": "every core"} for lever in LEVERS if lever.startswith("binding")}
 FIRST_LEVERS = ["defaults", "max-num-seqs-8", "max-num-batched-tokens-2048", "max-num-batched-tokens-16384",
                 "graphs-to-2048", "api-server-count-4", "no-async-scheduling", "stream-interval-8"]
 
@@ -142,17 +159,26 @@ def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: st
             "phase_tps": result.phase_tps, "window_s": result.window_s, "wall_s": result.wall_s,
             "output_tokens": result.output_tokens, "errors": result.errors, "warmup_s": round(warm_s, 2),
             "ttft_ms": result.ttft_ms, "itl_ms": result.itl_ms, "latency_ms": result.latency_ms,
+            "tpot_ms": result.tpot_ms, "itl_token_ms": result.itl_token_ms,
             "gauges": gauges, "api_processes": sum("APIServer" in t for t in titles), "processes": titles,
             "api_cpu_share": gauges.get("api_cpu_share"),
             "client_cpu_share": round(client / result.wall_s, 3) if result.wall_s else None}
+
+
+def every_core() -> str:
+    """The core list this process may run on, as VLLM_CPU_OMP_THREADS_BIND takes it (agent.devices.span)."""
+    from agent.devices import span
+
+    return span(tuple(sorted(os.sched_getaffinity(0))))
 
 
 def instance(lever: str, number: int, args, workloads, phases, fixed: list[str], env: dict, head: dict) -> list[dict]:
     tag = f"{head['run']}-{number:03d}-{lever}"
     flags = [*fixed, *args.extra_flag, *LEVERS[lever]]
     launcher = (str(args.launcher),) if args.launcher else None
+    env = {**env, **{k: every_core() if v == "every core" else v for k, v in ENV_LEVERS.get(lever, {}).items()}}
     server = Server(args.model, flags, env, args.raw / f"{tag}.server.log", launcher=launcher)
-    base = {**head, "lever": lever, "instance": number, "flags": flags}
+    base = {**head, "lever": lever, "instance": number, "flags": flags, "env": env}
     t0 = time.monotonic()
     rows = []
     try:

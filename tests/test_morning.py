@@ -111,3 +111,25 @@ def test_an_error_naming_markup_is_one_line_of_text(tmp_path):
             assert done.returncode == 0
             continue
         assert done.returncode in (1, 2) and said[-1].startswith("error:") and "[/x]" in said[-1], (args, said)
+
+
+@pytest.mark.parametrize("line, names", [
+    ('{"prompt": "a", "max_tokens": 8, "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper"),
+    ('{"prompt": "a", "max_tokens": 8, "temperature": 1' + "0" * 400 + "}", "temperature"),
+    ('{"prompt": "a", "max_tokens": 8, "top_p": 1' + "0" * 400 + "}", "top_p"),
+    ('{"prompt": "a", "max_tokens": 8, "timestamp": 1' + "0" * 400 + "}", "timestamp"),
+    ('{"prompt": "a", "max_tokens": 1' + "0" * 5000 + "}", "an integer of more than 4,300 digits"),
+])
+def test_a_traffic_line_deeply_nested_or_with_a_huge_number_is_one_line_and_nothing_is_written(tmp_path, line,
+                                                                                               names):
+    """Before: RecursionError (nested 100,000 deep), OverflowError (a 400-digit float field), ValueError (a
+    5,000-digit integer) tracebacks from `agent run --traffic`."""
+    env = {**os.environ, "AGENT_HOME": str(tmp_path / "home"), "COLUMNS": "300"}
+    traffic = tmp_path / "t.jsonl"
+    traffic.write_text(line + "\n")
+    done = agent(env, "run", "--budget", "5m", "--traffic", str(traffic))
+    said = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr and done.returncode == 2, done.stderr[-800:]
+    assert len(said) == 1 and said[0].startswith(f"error: --traffic: {traffic}:1: ") and names in said[0], said
+    ledger = tmp_path / "home" / "ledger.sqlite"
+    assert not ledger.exists() or Ledger(ledger).runs() == []

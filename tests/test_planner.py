@@ -314,3 +314,35 @@ def test_under_load_speculation_is_a_first_move_only_on_a_gpu_where_most_answers
     assert spec(gpu, 0.9, 32)[0].params["speculative-config.num_speculative_tokens"] == 4   # short under load
     assert not spec(gpu, 0.43, 32) and not spec(gpu, 0.65, 32)
     assert not spec(SPACE, 0.95, 8)   # the CPU lost 32% at concurrency 8
+
+
+def test_on_a_cpu_without_native_bf16_the_ngram_move_serves_float32_and_says_why():
+    """Issue 56: on a 2-core host whose cores have AVX-512 but neither avx512_bf16 nor AMX, binding plus
+    n-gram k=4 read 17.02 tok/s in bf16 (1.11x the defaults, each verify step about 190 ms) and 25.73 in
+    float32 (1.68x). There the move serves float32; where the cores compute bf16, it keeps the default."""
+    def defaults(share):
+        return Trial(number=0, params={}, metrics={}, figure=10, status="ok", source="baseline",
+                     measured={"repeat_share": share})
+
+    def ngram(**facts):
+        return [p for p in propose([defaults(0.86)], sampled_share=0.0, **facts)
+                if "speculative-config.method" in p.params]
+
+    (plain,) = ngram(native_bf16=False)
+    assert plain.params["speculative-config.method"] == "ngram" and plain.params["dtype"] == "float32"
+    assert "neither avx512_bf16 nor AMX" in plain.rationale and not SPACE.problems(plain.params)
+    (native,) = ngram(native_bf16=True)
+    assert "dtype" not in native.params and "float32" not in native.rationale
+    (unknown,) = ngram()   # an older run's facts: as before
+    assert "dtype" not in unknown.params
+
+
+def test_the_run_facts_say_whether_this_hosts_cores_compute_bf16():
+    from agent.gate import GateSettings
+    from agent.request import facts
+    from agent.space import host_cpu_flags
+    from sandbox.workload import load_workload
+
+    cpu = facts({"kind": "cpu"}, load_workload("smoke"), GateSettings())
+    assert cpu["native_bf16"] == bool(host_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    assert facts({"kind": "gpu"}, load_workload("smoke"), GateSettings())["native_bf16"] is None

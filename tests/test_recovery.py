@@ -260,9 +260,9 @@ def test_a_worker_stopped_between_its_record_and_its_tell_tells_optuna_what_the_
                          space_hash="h", workload="smoke", repo="", settings={}))
     me = ledger.add(Worker(run_id="r", name="h/1", host="h", pid=os.getpid(), slot=1, device="cores 1", role="worker"))
     study = studies.open("r", storage, seed=0)
-    recorded = [dict(status="ok", search_ratio=1.42, constraint=0.0),
-                dict(status="pruned", search_ratio=0.61, constraint=0.0),
-                dict(status="failed", failure_class="oom", constraint=1.0)]
+    recorded = [dict(status="ok", search_ratio=1.42, constraint=0.0, decision="put_forward", gate_passed=True),
+                dict(status="pruned", search_ratio=0.61, constraint=0.0, decision="pruned", gate_passed=False),
+                dict(status="failed", failure_class="oom", constraint=1.0, decision="failed")]   # gated, not told
     twins = {}
     for n, fields in enumerate(recorded):
         stopped, twin = study.ask(), study.ask()
