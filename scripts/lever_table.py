@@ -159,7 +159,7 @@ def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: st
             "phase_tps": result.phase_tps, "window_s": result.window_s, "wall_s": result.wall_s,
             "output_tokens": result.output_tokens, "errors": result.errors, "warmup_s": round(warm_s, 2),
             "ttft_ms": result.ttft_ms, "itl_ms": result.itl_ms, "latency_ms": result.latency_ms,
-            "tpot_ms": result.tpot_ms, "itl_token_ms": result.itl_token_ms,
+            "tpot_ms": result.tpot_ms, "itl_token_ms": result.itl_token_ms, "repeat_share": result.repeat_share,
             "gauges": gauges, "api_processes": sum("APIServer" in t for t in titles), "processes": titles,
             "api_cpu_share": gauges.get("api_cpu_share"),
             "client_cpu_share": round(client / result.wall_s, 3) if result.wall_s else None}
@@ -317,8 +317,9 @@ def table(paths: list[Path]) -> str:
                 + (f"; SLO TTFT p99 {slo['ttft_p99_ms']:.0f} ms, ITL p99 {slo['itl_p99_ms']:.0f} ms" if slo else "")
                 + ")", "",
                 "| lever | instances | tok/s (mean) | ratio [95% interval] | half-width | TTFT p50/p99 ms | "
-                "ITL p50/p99 ms | API servers | API CPU share | client CPU share |" + (" within SLO |" if slo else ""),
-                "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if slo else "")]
+                "ITL p50/p99 ms | TPOT p99 ms | ITL a token p99 ms | e2e p99 ms | repeat share | API servers | "
+                "API CPU share | client CPU share |" + (" within SLO |" if slo else ""),
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if slo else "")]
         for lever in dict.fromkeys(r["lever"] for r in mine):
             group = [r for r in mine if r["lever"] == lever and r.get("tps")]
             c = comps.get((run, shape, lever))
@@ -331,6 +332,7 @@ def table(paths: list[Path]) -> str:
                 ok = sum(r["ttft_ms"].get("p99", math.inf) <= slo["ttft_p99_ms"]
                          and r["itl_ms"].get("p99", math.inf) <= slo["itl_p99_ms"] for r in group)
                 within = f" {ok}/{len(group)} |"
+            repeats = ",".join(f"{r['repeat_share']:.2f}" for r in group if r.get("repeat_share") is not None) or "-"
             api = ",".join(sorted({str(r.get("api_processes")) for r in group}))
             share = ",".join(f"{r['api_cpu_share']:.2f}" for r in group if r.get("api_cpu_share") is not None)
             client = ",".join(f"{r['client_cpu_share']:.2f}" for r in group
@@ -338,7 +340,8 @@ def table(paths: list[Path]) -> str:
             out.append(f"| {lever} | {len(group)} | {mean} | {ratio} | {width} | "
                        f"{_median(group, 'ttft_ms', 'p50')}/{_median(group, 'ttft_ms', 'p99')} | "
                        f"{_median(group, 'itl_ms', 'p50')}/{_median(group, 'itl_ms', 'p99')} | "
-                       f"{api} | {share} | {client} |{within}")
+                       f"{_median(group, 'tpot_ms', 'p99')} | {_median(group, 'itl_token_ms', 'p99')} | "
+                       f"{_median(group, 'latency_ms', 'p99')} | {repeats} | {api} | {share} | {client} |{within}")
         failed = [r for r in rows if r.get("failure") and r["run"] == run]
         out += [f"| {r['lever']} | failed to start | {r['failure']}: {r['detail'][:120]} |" for r in failed]
         out.append("")

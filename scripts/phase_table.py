@@ -60,7 +60,8 @@ def context(model: str, workloads) -> int | None:
     """The max-model-len `agent run` serves for these workloads' requests (agent.traffic.context_length)."""
     from agent import traffic as traffics
 
-    tokens = traffics.Tokens(model)
+    template = next((w.chat_template for w in workloads if w.chat_template), None)
+    tokens = traffics.Tokens(model, template)
     quality = load_quality("default")
     longest = max(traffics.check_against_model([*w.pool("search"), *w.pool("heldout")], tokens, w.name,
                                                quality.greedy_max_tokens) for w in workloads)
@@ -77,6 +78,8 @@ def server_flags(model: str, workloads, space: Path | None = None) -> tuple[bool
     length = context(model, workloads)
     if length and "--max-model-len" in flags:
         flags[flags.index("--max-model-len") + 1] = str(length)
+    if template := next((w.chat_template for w in workloads if w.chat_template), None):
+        flags += ["--chat-template", template]   # as the worker serves a chat workload
     return gpu, flags, env
 
 
