@@ -159,7 +159,8 @@ def measure_shape(server: Server, w, warm: list, phase: list, raw: Path, tag: st
             "phase_tps": result.phase_tps, "window_s": result.window_s, "wall_s": result.wall_s,
             "output_tokens": result.output_tokens, "errors": result.errors, "warmup_s": round(warm_s, 2),
             "ttft_ms": result.ttft_ms, "itl_ms": result.itl_ms, "latency_ms": result.latency_ms,
-            "tpot_ms": result.tpot_ms, "itl_token_ms": result.itl_token_ms, "repeat_share": result.repeat_share,
+            "tpot_ms": result.tpot_ms, "itl_token_ms": result.itl_token_ms,
+            "repeat_share": round(result.repeat_hits / result.repeat_words, 3) if result.repeat_words else None,
             "gauges": gauges, "api_processes": sum("APIServer" in t for t in titles), "processes": titles,
             "api_cpu_share": gauges.get("api_cpu_share"),
             "client_cpu_share": round(client / result.wall_s, 3) if result.wall_s else None}
