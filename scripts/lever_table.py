@@ -79,6 +79,7 @@ SHAPES = {s.name: s for s in (
     Shape("fixed-c128", "throughput", 128, 256, 128),
     # One stream on the CPU engine (issue 56): answers that copy their prompt (edits), the shipped chat
     # file (short answers, the Gemma chat template) and the realistic default.
+    Shape("edits-c32", "edits-c32", 32, 256, 64),   # edit traffic under load on a GPU (issue 60)
     Shape("edits-c1", "edits-cpu", 1, 6, 2),
     Shape("chat-c1", "chat-cpu", 1, 8, 2),
     Shape("default-c1", "default-cpu", 1, 6, 2),
@@ -103,7 +104,11 @@ LEVERS = {
 # (the planner's move: k=4, lookup 2..4), and float32, which a host without native bf16 verifies faster.
 NGRAM_K4 = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
                                     '"prompt_lookup_max": 4}']
+NGRAM_GPU_K4 = ["--speculative-config", '{"method": "ngram_gpu", "num_speculative_tokens": 4, '
+                                        '"prompt_lookup_min": 2, "prompt_lookup_max": 4}']
 LEVERS |= {
+    "ngram-gpu-k4": NGRAM_GPU_K4,                                     # the planner's move under load on a GPU
+    "ngram-k4-no-async": [*NGRAM_K4, "--no-async-scheduling"],         # plain ngram needs async scheduling off
     "binding": [],
     "binding-fp32": ["--dtype", "float32"],
     "binding-ngram-k4": NGRAM_K4,
