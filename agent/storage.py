@@ -81,8 +81,10 @@ def shown(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "<not a URL>"
-    where = rest.rpartition("@")[2] if "@" in rest else ("***" if ":" in rest.split("/")[0] else rest)
-    return f"{scheme[:40]}://***@{where.split('?')[0][:120]}" if "@" in rest else f"{scheme[:40]}://{where.split('?')[0][:120]}"
+    if "@" in rest:
+        return f"{scheme[:40]}://***@{rest.rpartition('@')[2].split('?')[0][:120]}"
+    host = rest.split("?")[0]
+    return f"{scheme[:40]}://{'***' if ':' in host.split('/')[0] else host[:120]}"   # user:password, no host
 
 
 def prepare(storage: Storage) -> None:

@@ -8,7 +8,6 @@ user's traffic and meters, the host's facts, and the embedded model.
 """
 
 from sandbox.allowed import check as check_allowed
-from sandbox.allowed import check_spec as check_allowed_spec
 from sandbox.allowed import digest as allowed_digest
 from sandbox.arrivals import unit_times
 from sandbox.goodput import lower_bound as goodput_lower_bound
@@ -33,7 +32,7 @@ __all__ = [
     # the trial's two files
     "TrialResult", "Figures", "Quality", "ResultError", "read_result", "failed_result", "SpecError",
     # flags and variables checked before they reach a spec
-    "FLAG_NAME", "ENV_ALLOWLIST", "check_flags", "check_env", "check_allowed", "check_allowed_spec", "allowed_digest",
+    "FLAG_NAME", "ENV_ALLOWLIST", "check_flags", "check_env", "check_allowed", "allowed_digest",
     # the user's traffic and the meters
     "Request", "Traffic", "TrafficError", "load_traffic", "Workload", "QualitySet", "load_workload", "load_quality",
     "check_objective", "file_digest", "latency_of", "unit_times", "goodput_lower_bound", "share_above",
