@@ -36,6 +36,7 @@ class GateSettings:
     slo_ttft_p99_ms: float | None = None   # SLO bounds: a faster config that breaks one is refused; where
     slo_itl_p99_ms: float | None = None    # set, each replaces the latency guard for its latency (the chunk-gap
                                            # p99 is judged only by its SLO: latency_regressions)
+    slo_tpot_p99_ms: float | None = None   # per request, (latency - TTFT) / (tokens - 1), as vllm bench serve's TPOT
     latency_tolerance: float = 0.10    # the latency guard's least tolerance: a p99 is the 3rd-highest of a few hundred
                                        # requests, so one instance's moves by several percent, and with one or two
                                        # instances of the defaults their spread says little (latency_bound)
@@ -170,7 +171,8 @@ def check(result: TrialResult, base: Baseline, lossless: bool, settings: GateSet
 def slo_breaches(bench: Figures, settings: GateSettings) -> list[str]:
     out = []
     for key, bound, name in (("ttft_ms", settings.slo_ttft_p99_ms, "time to first token"),
-                             ("itl_ms", settings.slo_itl_p99_ms, "inter-token latency")):
+                             ("itl_ms", settings.slo_itl_p99_ms, "inter-token latency"),
+                             ("tpot_ms", settings.slo_tpot_p99_ms, "time per output token")):
         p99 = getattr(bench, key).get("p99")
         if bound is not None and p99 is not None and p99 > bound:
             out.append(f"SLO: p99 {name} {p99:.0f} ms is above the bound {bound:.0f} ms")
@@ -183,7 +185,7 @@ def slo_breaches(bench: Figures, settings: GateSettings) -> list[str]:
 # speculative decoding a chunk carries several tokens, so its gaps grow while every request ends
 # sooner; it is judged only where the user bounds it (--slo-itl-p99-ms, slo_breaches).
 LATENCIES = (("ttft_ms", "ttft_p99", "slo_ttft_p99_ms", "time to first token", "--slo-ttft-p99-ms"),
-             ("tpot_ms", "tpot_p99", None, "time per output token", None),
+             ("tpot_ms", "tpot_p99", "slo_tpot_p99_ms", "time per output token", "--slo-tpot-p99-ms"),
              ("latency_ms", "e2e_p99", None, "end-to-end latency", None))
 
 
@@ -245,7 +247,8 @@ def constraint(verdict: Verdict, result: TrialResult, settings: GateSettings) ->
     if verdict.quality_ok:
         return 0.0
     worst = verdict.latency_excess
-    for key, bound in (("ttft_ms", settings.slo_ttft_p99_ms), ("itl_ms", settings.slo_itl_p99_ms)):
+    for key, bound in (("ttft_ms", settings.slo_ttft_p99_ms), ("itl_ms", settings.slo_itl_p99_ms),
+                       ("tpot_ms", settings.slo_tpot_p99_ms)):
         p99 = getattr(result.bench, key).get("p99")
         if bound and p99 is not None:
             worst = max(worst, p99 / bound - 1)

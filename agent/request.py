@@ -86,6 +86,10 @@ class RunRequest:
                                                               "is above this.", min=0)
     slo_itl_p99_ms: float | None = option(G.slo_itl_p99_ms, "SLO: refuse configs whose p99 inter-token latency is "
                                                             "above this.", min=0)
+    slo_tpot_p99_ms: float | None = option(G.slo_tpot_p99_ms, "SLO: refuse configs whose p99 time per output token "
+                                                              "of a request (vllm bench serve's TPOT) is above this; "
+                                                              "it replaces the latency guard's TPOT bound (n-gram "
+                                                              "speculation slows requests whose drafts fail).", min=0)
     slo_e2e_p99_ms: float | None = option(None, "SLO for --objective goodput: p99 end-to-end latency.", min=0)
     max_model_len: int | None = option(None, "The context length every trial serves and the branch ships (default: "
                                              "the model's own maximum).", min=64)

@@ -56,7 +56,9 @@ SENT = {
     "repetition_penalty": float, "logit_bias": dict, "logprobs": (int, bool), "top_logprobs": int,
     "ignore_eos": bool, "min_tokens": int, "stop_token_ids": list, "response_format": dict,
     "skip_special_tokens": bool, "include_stop_str_in_output": bool, "spaces_between_special_tokens": bool,
+    "add_generation_prompt": bool, "continue_final_message": bool,   # vLLM's chat fields: an answer's start given
 }
+CHAT_ONLY = ("max_completion_tokens", "add_generation_prompt", "continue_final_message")
 # Part of the schema but with no effect on how the server serves the request: dropped.
 DROPPED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "id", "request_id",
            "input_length", "hash_ids"}   # the last two: vLLM's timed-trace fields (the prompt is the line's own)
@@ -283,8 +285,13 @@ def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None
     if body.get("min_tokens", 0) > (body.get("max_completion_tokens") or body.get("max_tokens") or math.inf):
         raise TrafficError(f"{where}: min_tokens {body['min_tokens']} is above the request's max_tokens "
                            f"{body.get('max_completion_tokens') or body.get('max_tokens')}")
-    if endpoint == "completions" and "max_completion_tokens" in body:
-        raise TrafficError(f"{where}: max_completion_tokens is a chat field; completions take max_tokens")
+    if endpoint == "completions" and (chat_only := next((k for k in CHAT_ONLY if k in body), None)):
+        raise TrafficError(f"{where}: {chat_only} is a chat field; completions take a prompt"
+                           + (" and max_tokens" if chat_only == "max_completion_tokens" else ""))
+    if body.get("continue_final_message") and (body.get("add_generation_prompt", True)
+                                                or body["messages"][-1].get("role") != "assistant"):
+        raise TrafficError(f"{where}: continue_final_message needs add_generation_prompt: false and an assistant "
+                           f"message last (the answer's start that the model continues)")
     if "max_tokens" not in body and "max_completion_tokens" not in body:
         if default_max_tokens is None:
             raise TrafficError(f"{where}: no max_tokens: the meter bounds every request (give max_tokens)")

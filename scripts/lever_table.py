@@ -81,6 +81,7 @@ SHAPES = {s.name: s for s in (
     # file (short answers, the Gemma chat template) and the realistic default.
     Shape("edits-c32", "edits-c32", 32, 256, 64),   # edit traffic under load on a GPU (issue 60)
     Shape("edits-c1", "edits-cpu", 1, 6, 2),
+    Shape("edits-chat-c1", "edits-chat-cpu", 1, 6, 2),
     Shape("chat-c1", "chat-cpu", 1, 8, 2),
     Shape("default-c1", "default-cpu", 1, 6, 2),
 )}

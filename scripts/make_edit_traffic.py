@@ -22,6 +22,13 @@ name, company, product, address, number and identifier is invented here from see
 (nothing is read from anywhere; email domains are under .example); no two prompts are the same.
 
     python3 scripts/make_edit_traffic.py sandbox/data/traffic/edits.jsonl
+    python3 scripts/make_edit_traffic.py --chat 1000 sandbox/data/traffic/edits-chat.jsonl
+
+--chat N: the first N of the same requests as chat (/v1/chat/completions, the shipped Gemma template), as
+an editing tool sends them to a chat model whose answer it starts: the instruction and the text as the
+user's message, the prompt's last line (the answer's label, with the line before a code fence) as the
+start of the model's answer, continued (`continue_final_message: true, add_generation_prompt: false`,
+vLLM's chat fields); max_tokens as max_completion_tokens, the same stops and sampling.
 """
 from __future__ import annotations
 
@@ -422,10 +429,28 @@ def generate(n: int = N_REQUESTS) -> list[tuple[str, dict, str]]:
     return out
 
 
+def as_chat(row: dict) -> dict:
+    """A completions row as the chat request an editing tool sends: the answer's label as its start."""
+    lines = row["prompt"].rstrip("\n").split("\n")
+    cue = 2 if lines[-1].startswith("```") else 1
+    body = {k: v for k, v in row.items() if k not in ("prompt", "max_tokens")}
+    return {"messages": [{"role": "user", "content": "\n".join(lines[:-cue])},
+                         {"role": "assistant", "content": "\n".join(lines[-cue:])}],
+            "max_completion_tokens": row["max_tokens"], **body,
+            "add_generation_prompt": False, "continue_final_message": True}
+
+
 def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit("usage: python3 scripts/make_edit_traffic.py OUT.jsonl")
+    args = sys.argv[1:]
+    chat = int(args.pop(1)) if len(args) == 3 and args[0] == "--chat" else None
+    if chat is not None:
+        args = args[1:]
+    if len(args) != 1:
+        sys.exit("usage: python3 scripts/make_edit_traffic.py [--chat N] OUT.jsonl")
     rows = [row for _, row, _ in generate()]
+    if chat is not None:
+        rows = [as_chat(row) for row in rows[:chat]]
+    sys.argv[1:] = args
     Path(sys.argv[1]).write_text("".join(json.dumps(row) + "\n" for row in rows))
     print(f"wrote {len(rows)} requests to {sys.argv[1]}")
 

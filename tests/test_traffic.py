@@ -154,6 +154,13 @@ def test_the_split_is_by_hash_so_identical_requests_share_a_side(tmp_path):
     ('{"prompt": "a", "max_tokens": 4, "timestamp": 2}\n{"prompt": "b", "max_tokens": 4, "timestamp": 1}\n',
      ":2: timestamp 1.0 is before line 1's 2.0"),
     ('{"prompt": "a", "max_tokens": 4, "timestamp": 2}\n{"prompt": "b", "max_tokens": 4}\n', ":2: no timestamp"),
+    ('{"prompt": "a", "max_tokens": 4, "continue_final_message": true}\n',
+     ":1: continue_final_message is a chat field"),
+    ('{"messages": [{"role": "user", "content": "a"}], "max_tokens": 4, "continue_final_message": true, '
+     '"add_generation_prompt": false}\n', ":1: continue_final_message needs add_generation_prompt: false and an "
+                                          "assistant message last"),
+    ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "max_tokens": 4, '
+     '"continue_final_message": true}\n', ":1: continue_final_message needs add_generation_prompt: false"),
 ])
 def test_bad_traffic_is_one_line_naming_file_line_and_value(tmp_path, content, needle):
     path = tmp_path / "bad.jsonl"
@@ -161,6 +168,17 @@ def test_bad_traffic_is_one_line_naming_file_line_and_value(tmp_path, content, n
     with pytest.raises(TrafficError) as e:
         load(path)
     assert needle in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_chat_request_may_give_the_start_of_its_answer_for_the_model_to_continue(tmp_path):
+    """vLLM's chat fields for an answer the client starts (an editing tool's label, a code fence): sent as
+    given; the shipped edit chat file is made of them (scripts/make_edit_traffic.py --chat)."""
+    row = {"messages": [{"role": "user", "content": "Fix: teh cat"}, {"role": "assistant", "content": "Fixed:"}],
+           "max_completion_tokens": 16, "add_generation_prompt": False, "continue_final_message": True}
+    (request,) = load(write_jsonl(tmp_path / "t.jsonl", [row])).requests
+    assert request.endpoint == "chat" and request.body == row
+    shipped = load_workload("edits-chat-cpu")
+    assert all(r.body["continue_final_message"] is True for r in shipped.requests_of("search"))
 
 
 def test_a_file_too_small_for_a_sound_split_names_the_minimum(tmp_path):
