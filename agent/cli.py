@@ -326,6 +326,48 @@ def verify(
 
 
 @app.command()
+def capacity(
+    branches: list[str] = typer.Argument(None, help="Branches agent/<run>/<n> to measure beside the defaults."),
+    every: bool = typer.Option(False, "--all", help="Every branch the run committed."),
+    run_id: str = typer.Option(None, "--run", help="Run id (default: the latest)."),
+    concurrency: str = typer.Option("1,2,4,8", help="Closed-loop streams, climbing (comma-separated)."),
+    rates: str = typer.Option(None, help="Open-loop requests/s instead, climbing (comma-separated)."),
+    instances: int = typer.Option(1, min=1, max=8, help="Fresh servers per config; their repeats pool."),
+    slo_ttft_p99_ms: float = typer.Option(None, min=0.001, help="p99 TTFT bound (default: the run's)."),
+    slo_itl_p99_ms: float = typer.Option(None, min=0.001, help="p99 inter-token bound (default: the run's)."),
+    slo_e2e_p99_ms: float = typer.Option(None, min=0.001, help="p99 end-to-end bound."),
+    price_per_hour: float = typer.Option(None, min=0, help="A server's price an hour: cost per million tokens."),
+    target_rate: float = typer.Option(None, min=0.001, help="Requests/s to serve: the servers each config needs."),
+    devices: int = typer.Option(1, min=1, help="Devices one server takes (tokens per device-hour)."),
+    export: Path = typer.Option(None, help="Also write the ladders as a `vllm bench sweep serve` folder here."),
+    import_dir: Path = typer.Option(None, "--import", help="Read a `vllm bench sweep serve` folder instead of "
+                                                            "measuring: it joins the run's measured curves."),
+) -> None:
+    """What the defaults and branches are worth: a ladder of loads on fresh servers and the run's traffic,
+    the knee, the highest load within the SLOs, tokens per device-hour and cost per million tokens.
+
+    A rung takes one to a few minutes on the CPU engine (1, 2, 4 and 8 streams: about 10-20 minutes a
+    config); the climb stops early where tokens/s stop rising or an SLO breaks."""
+    from agent.capacity_run import Ask, command
+
+    kind, given = ("rate", rates) if rates else ("concurrency", concurrency)
+    try:
+        loads = tuple(float(x) if kind == "rate" else int(x) for x in given.split(","))
+        from sandbox.contract import Ladder
+        Ladder.from_dict({"kind": kind, "loads": list(loads)}, f"--{'rates' if rates else 'concurrency'}")
+    except ValueError as e:
+        raise fail(f"--{'rates' if rates else 'concurrency'}: {given!r}: {e}") from None
+    slo = {k: v for k, v in (("ttft_p99_ms", slo_ttft_p99_ms), ("itl_p99_ms", slo_itl_p99_ms),
+                             ("e2e_p99_ms", slo_e2e_p99_ms)) if v is not None}
+    ask = Ask(kind, loads, instances, slo, price_per_hour, target_rate, devices)
+    ledger = open_ledger()
+    with told():
+        lines = command(ledger, run_id, ask, branches or [], every, export, import_dir, say)
+    for line in lines:
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command()
 def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the latest)."),
            html_file: Path = typer.Option(None, "--html",
                                           help="Write one self-contained HTML page with plots."),

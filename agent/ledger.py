@@ -221,6 +221,33 @@ class LearnedRule(Base):
     checks: Mapped[int] = mapped_column(Integer, default=0)  # pre-flight checks the reduction took
 
 
+class Capacity(Base):
+    """One config's ladder of loads and what it is worth (`agent capacity`, agent.capacity): measured on
+    fresh servers of the run's engine, or read from a `vllm bench sweep serve` folder."""
+
+    __tablename__ = "capacity"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
+    at: Mapped[str] = mapped_column(String, default=utcnow)
+    subject: Mapped[str] = mapped_column(String)            # defaults, a branch, or an imported sweep's label
+    trial_number: Mapped[int | None] = mapped_column(Integer)   # the branch's trial (None: defaults, imported)
+    source: Mapped[str] = mapped_column(String)             # measured, or imported (from the folder named)
+    kind: Mapped[str] = mapped_column(String)               # concurrency (streams) or rate (requests/s)
+    curve: Mapped[dict[str, Any]] = mapped_column(default=dict)   # agent.capacity.as_dict: every rung and repeat
+    slo: Mapped[dict[str, Any]] = mapped_column(default=dict)     # the bounds judged: ttft/itl/e2e_p99_ms
+    price_per_hour: Mapped[float | None] = mapped_column(Float)
+    target_rate: Mapped[float | None] = mapped_column(Float)
+    knee: Mapped[float | None] = mapped_column(Float)        # the load at the knee (None: no knee in the ladder)
+    slo_limit: Mapped[float | None] = mapped_column(Float)   # the highest load within the SLOs
+    point: Mapped[float | None] = mapped_column(Float)       # the operating point's load
+    point_is: Mapped[str] = mapped_column(String)            # SLO limit, knee, top of the ladder, none
+    output_tps: Mapped[float | None] = mapped_column(Float)  # at the operating point
+    tokens_per_device_hour: Mapped[float | None] = mapped_column(Float)
+    cost_per_m_output: Mapped[float | None] = mapped_column(Float)
+    cost_per_m_input: Mapped[float | None] = mapped_column(Float)
+    servers: Mapped[int | None] = mapped_column(Integer)     # for target_rate
+
+
 class Worker(Base):
     """One process running trials of a run on one device (a GPU, or a set of cores), on some host.
 
@@ -445,6 +472,10 @@ class Ledger:
     def repeats(self, trial_id: int) -> list[Repeat]:
         with self.session() as s:
             return list(s.scalars(select(Repeat).where(Repeat.trial_id == trial_id)))
+
+    def capacities(self, run_id: str) -> list[Capacity]:
+        with self.session() as s:
+            return list(s.scalars(select(Capacity).where(Capacity.run_id == run_id).order_by(Capacity.id)))
 
     def narrowings(self, run_id: str) -> list[RangeChange]:
         with self.session() as s:

@@ -148,3 +148,10 @@ def m005_flat_slos_into_the_gate(conn: Connection, tables: dict) -> None:
             kept = {k: v for k, v in settings.items() if k not in moved}
             conn.execute(update(runs).where(runs.c.id == id_)
                          .values(settings={**kept, "gate": {**settings["gate"], **moved}}))
+
+
+@migration
+def m006_capacity(conn: Connection, tables: dict) -> None:
+    """The `capacity` table: each config's ladder of loads and what it is worth (`agent capacity`,
+    2026-12-07). The ledger's opening creates a missing table; this names the change and makes sure."""
+    tables["capacity"].create(conn, checkfirst=True)

@@ -34,6 +34,7 @@ from sandbox.workload import Workload
 class RequestResult:
     ok: bool
     output_tokens: int = 0
+    input_tokens: int = 0            # the prompt's tokens, as the server's usage record counts them
     ttft_s: float | None = None
     latency_s: float = 0.0
     itl_s: list[float] = field(default_factory=list)
@@ -68,6 +69,7 @@ class BenchResult:
     phase_tps: float | None = None      # every token over the whole phase's wall time (vllm bench serve's figure)
     window_s: float | None = None       # the steady window tps counts over (None: the whole phase)
     window_tokens: int | None = None
+    input_tokens: int = 0               # the answered requests' prompt tokens (the server's usage records)
     # The values behind each latency field, in seconds, so repeats pool into one percentile; not written out.
     samples: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
@@ -221,6 +223,7 @@ async def one_request(session, base_url: str, model: str, request: Request,
     result.latency_s = (output.latency if output.success else time.perf_counter() - sent) + waited
     if result.ok:
         result.output_tokens = int(output.output_tokens or 0)
+        result.input_tokens = int(output.prompt_len or 0)
         result.ttft_s = output.ttft + waited
         result.itl_s = list(output.itl)
         result.repeat_hits, result.repeat_words = lookup_hits(_context(request), output.generated_text or "")
@@ -432,6 +435,7 @@ def summarize(results: list[RequestResult], wall_s: float, requests: list[Reques
         phase_tps=phase_tps,
         window_s=round(span, 3) if window else None,
         window_tokens=round(counted) if window else None,
+        input_tokens=sum(r.input_tokens for r in ok),
         samples=samples,
     )
 

@@ -13,6 +13,7 @@ from sandbox.arrivals import unit_times
 from sandbox.goodput import lower_bound as goodput_lower_bound
 from sandbox.host import engine as engine_info
 from sandbox.host import gpu_memory_used_mib, gpus, hardware, visible_ids
+from sandbox.ladders import Ladder
 from sandbox.metrics import share_above
 from sandbox.model import MIN_TRANSFORMERS, ModelError, check_transformers
 from sandbox.model import default_dir as default_model_dir
@@ -35,7 +36,7 @@ __all__ = [
     "FLAG_NAME", "ENV_ALLOWLIST", "check_flags", "check_env", "check_allowed", "allowed_digest",
     # the user's traffic and the meters
     "Request", "Traffic", "TrafficError", "load_traffic", "Workload", "QualitySet", "load_workload", "load_quality",
-    "check_objective", "file_digest", "latency_of", "unit_times", "goodput_lower_bound", "share_above",
+    "check_objective", "file_digest", "latency_of", "unit_times", "goodput_lower_bound", "share_above", "Ladder",
     # the host, the engine and a trial's processes
     "engine_info", "hardware", "gpus", "visible_ids", "gpu_memory_used_mib", "session_members",
     # the embedded model

@@ -67,6 +67,7 @@ class Figures:
     phase_tps: float | None = None       # every token over the whole phases' time (vllm bench serve's figure)
     window_s: float | None = None        # the steady windows tps counts over (sandbox.bench; None: whole phases)
     window_tokens: int | None = None
+    input_tokens: int = 0                # the answered requests' prompt tokens (the server's usage records)
 
     @property
     def repeat_share(self) -> float | None:
@@ -121,6 +122,7 @@ class TrialResult:
     cleanup: dict | None = None          # leftover_pids, port_free, forced_kill, device_memory_held
     failed_phase: str | None = None
     started_at_utc: str | None = None
+    ladder: dict | None = None           # a capacity ladder's rungs (sandbox.ladder): kind, loads, slo, rungs, stopped
     result_version: int = RESULT_VERSION
 
     @property

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from sandbox.ladders import Ladder
 from sandbox.workload import Quality, Workload, load_quality, load_workload
 
 # Environment variables a trial may set for the engine. Everything else in the server's
@@ -94,6 +95,7 @@ class TrialSpec:
     trust_remote_code: bool = False
     repeats: int = 1  # measured phases on the same server; the result reports their median
     stop_rules: StopRules = field(default_factory=StopRules)   # the agent's, obeyed here
+    ladder: Ladder | None = None  # a ladder of loads instead of the trial's phases (agent capacity)
 
     def server_args(self) -> list[str]:
         """The flags as an argv tail, in the spec's order."""
@@ -164,7 +166,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     known = {"model", "flags", "env", "workload", "quality", "deadlines", "trust_remote_code", "repeats",
-             "heldout_bench", "stop_rules", "quality_text"}
+             "heldout_bench", "stop_rules", "quality_text", "ladder"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SpecError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -196,6 +198,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
             raise SpecError(f"{source}.deadlines.{f.name}: {value!r} is not a number of seconds above 0 and at most "
                             f"{MAX_DEADLINE_S:.0f}")
     try:
+        ladder = None if raw.get("ladder") is None else Ladder.from_dict(raw["ladder"], f"{source}.ladder")
         workload = load_workload(raw.get("workload", "smoke"))
         quality = None if raw.get("quality") == "none" else load_quality(raw.get("quality", "default"), quality_text)
         workload.check(repeats, heldout=heldout)   # enough distinct requests that no server is sent one twice
@@ -212,6 +215,7 @@ def from_dict(raw: Any, source: str = "spec") -> TrialSpec:
         repeats=repeats,
         heldout_bench=heldout,
         stop_rules=stop_rules,
+        ladder=ladder,
     )
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from sandbox import allowed, bench, goodput, host, metrics, quality
+from sandbox import allowed, bench, goodput, host, ladders, metrics, quality
 from sandbox import result as results
 from sandbox import spec as specs
 from sandbox.failures import TrialFailure, log_tail
@@ -289,6 +289,51 @@ class TrialRun:
         self.result.bench_heldout = dataclasses.replace(pooled(reps, median, heldout.objective), hash=heldout.hash)
         self.lap("heldout")
 
+    def ladder(self) -> None:
+        """The spec's ladder of loads on this server (sandbox.ladders): at each rung warm-ups at its load,
+        then `repeats` phases of fresh requests; the climb ends where the ladder says, and why is kept."""
+        spec, ladder = self.spec, self.spec.ladder
+        assert ladder is not None   # run_trial climbs only a spec that gives one
+        self.enter("ladder")
+        cursor, rungs = ladders.Cursor(spec.workload), []
+        below: list[dict] = []   # the rung below's phases
+        stopped = f"the loads given end at {ladder.loads[-1]:g}"
+        for load in ladder.loads:
+            w = ladders.rung_workload(spec.workload, ladder.kind, load)
+            warm, draws = cursor.take(w.warmup_count()), [cursor.take(w.num_prompts) for _ in range(spec.repeats)]
+            if warm is None or any(d is None for d in draws):
+                stopped = f"the traffic's {len(cursor.pool)} distinct requests are spent before {ladder.kind} {load:g}"
+                break
+            self.enter("ladder", f"{ladder.kind} {load:g}")
+            bench_s = bench.bench_deadline_s(w)
+            phases = []
+            with deadline((bench_s + _span(w, spec.repeats)) * (spec.repeats + 1) + 10, self.phase):
+                asyncio.run(bench.run_requests(self.server.base_url, served(self.server), warm, w.concurrency, bench_s))
+                for r, requests in enumerate(draws):
+                    assert requests is not None
+                    offsets = w.offsets(len(requests), r, rate=load if ladder.kind == "rate" else None)
+                    measured, _ = asyncio.run(_measure(self.server, w, requests,
+                                                       bench_s + (offsets[-1] if offsets else 0.0), None, offsets))
+                    self.server.fail_if_dead(self.phase)
+                    phases.append(measured.to_dict())
+            rungs.append({"load": load, "repeats": phases})
+            failed = next((p for p in phases if p["errors"]), None)
+            median = sorted(phases, key=lambda p: p["tps"])[len(phases) // 2]
+            if failed:
+                stopped = (f"{failed['errors']} of {failed['requests']} requests failed at {ladder.kind} {load:g}: "
+                           f"{failed['first_error']}")
+                break
+            if why := ladders.broken(median, ladder.slo):
+                stopped = f"{why} at {ladder.kind} {load:g}"
+                break
+            if below and median["tps"] < ladders.median_tps(below) * (1 + ladders.RISING):
+                stopped = (f"output tokens/s stopped rising at {ladder.kind} {load:g} "
+                           f"({ladders.median_tps(below):g} -> {median['tps']:g})")
+                break
+            below = phases
+        self.result.ladder = {**ladder.as_dict(), "rungs": rungs, "stopped": stopped}
+        self.lap("ladder")
+
     def quality(self) -> None:
         self.enter("quality")
         spec, server = self.spec, self.server
@@ -348,6 +393,7 @@ def pooled(reps: list[bench.BenchResult], median: bench.BenchResult, objective: 
                       "errors": sum(r.errors for r in reps), "short_outputs": sum(r.short_outputs for r in reps),
                       "repeat_hits": sum(r.repeat_hits for r in reps),
                       "repeat_words": sum(r.repeat_words for r in reps),
+                      "input_tokens": sum(r.input_tokens for r in reps),
                       "repeat_figures": [figure_of([r], objective) for r in reps],
                       "draw_hashes": [r.draw_hash for r in reps],
                       **{key: bench.percentiles([v for r in reps for v in r.samples.get(key, [])])
@@ -381,6 +427,9 @@ def run_trial(spec: specs.TrialSpec, log_path: Path, progress: Path | None = Non
     device_before = host.gpu_memory_used_mib()
     try:
         run.start()
+        if spec.ladder is not None:   # what a config is worth (agent capacity): the ladder, nothing else
+            run.ladder()
+            return run.result
         run.warmup()
         run.benchmark()
         if run.result.status != "pruned":

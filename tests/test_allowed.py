@@ -118,6 +118,7 @@ SPEC_KEYS = {
     "heldout_bench": ("bounded", {"heldout_bench": "yes"}, "heldout_bench: 'yes' is not true or false"),
     "deadlines": ("bounded", {"deadlines": {"start_s": 1e12}}, "deadlines.start_s: 1000000000000.0 is not a number"),
     "stop_rules": ("bounded", {"stop_rules": {"prune_below": -1}}, "prune_below: -1 is not a figure"),
+    "ladder": ("bounded", {"ladder": {"kind": "concurrency", "loads": [1, 100000]}}, "spec.ladder.loads: [1, 100000]"),
 }
 
 

@@ -171,3 +171,62 @@ def test_a_trial_past_its_timeout_is_stopped_whole_and_recorded(embedded_model, 
     assert time.monotonic() - started < 8 + 60
     assert result.status == "failed" and result.failure.klass == "interrupted", result.failure
     assert trial_processes(tmp_path / "t" / "progress.json") == []
+
+
+def test_the_edit_traffics_own_answers_trigger_the_ngram_move_on_this_host(embedded_model, tmp_path):
+    """Issue 56: the shipped edit traffic (edits-cpu: answers that copy their prompt). The defaults, served
+    by the real engine, answer it repeating their context beyond the CPU trigger's share (0.90-0.96 over
+    6 requests in docs/results.md); given that measured row, the built-in planner's speculation move
+    is n-gram, in float32 only where this host's cores lack native bf16 (agent.planner._cheap_verify).
+    The chat form of the same requests (edits-chat-cpu) repeats 59-66% there, under the trigger; what
+    the move gains and why the latency guard refuses it: docs/results.md, "What wins on CPU"."""
+    from agent import space as spaces
+    from agent.gate import GateSettings
+    from agent.ledger import Run, Trial
+    from agent.planner import REPEAT_MIN, BuiltinPlanner
+    from agent.request import facts
+    from sandbox import result as results
+    from sandbox.workload import load_workload
+
+    shipped = load_workload("edits-cpu")
+    workload = {**shipped.as_dict(), "num_prompts": 4, "warmup_requests": 1}   # 3 of the 4 greedy
+    spec = {**BASE, "model": str(embedded_model), "workload": workload, "quality": "none",
+            "flags": {**BASE["flags"], "enforce-eager": True}}   # the answers, not the speed: no compile
+    run_worker(tmp_path, "edits", spec)
+    measured = results.read(tmp_path / "edits.json")
+    assert measured.ok, measured.why()
+    share = measured.bench.repeat_share
+    assert share is not None and share >= REPEAT_MIN["cpu"], share
+    defaults = Trial(number=0, params={}, metrics={}, figure=measured.bench.value, status="ok", source="baseline",
+                     measured={"repeat_share": share})
+    space = spaces.load("vllm-cpu", cpu_flags=spaces.host_cpu_flags())
+    known = facts({"kind": "cpu", "cpus": os.cpu_count()}, shipped, GateSettings())
+    moves = [m for m in BuiltinPlanner().propose(space, Run(id="r", model="m"), [defaults], known, k=5)
+             if "speculative-config.method" in m.params]
+    (move,) = moves
+    assert move.params["speculative-config.method"] == "ngram" and not space.problems(move.params)
+    assert f"{share:.0%} of their words" in move.rationale
+    assert (move.params.get("dtype") == "float32") == (known["native_bf16"] is False)
+
+
+def test_a_ladder_of_loads_on_the_real_engine_counts_each_rungs_tokens_and_prompts(embedded_model, tmp_path):
+    """`agent capacity`'s ladder (sandbox.ladders) on vllm-cpu: 1 then 2 streams on one server, fresh
+    requests at each rung (the realistic default's traffic), the server's own usage counting prompt
+    tokens; the stand-in's known curve (knee, SLO stop) is tested in test_capacity.py."""
+    from sandbox import result as results
+    from sandbox.workload import load_workload
+
+    workload = {**load_workload("default-cpu").as_dict(), "num_prompts": 2, "warmup_requests": 1}
+    spec = {**BASE, "model": str(embedded_model), "workload": workload, "quality": "none",
+            "flags": {**BASE["flags"], "enforce-eager": True}, "ladder": {"kind": "concurrency", "loads": [1, 2]}}
+    run_worker(tmp_path, "ladder", spec)
+    measured = results.read(tmp_path / "ladder.json")
+    assert measured.ok, measured.why()
+    rungs = measured.ladder["rungs"]
+    assert [r["load"] for r in rungs] == [1, 2] and measured.ladder["stopped"]
+    one, two = rungs[0]["repeats"][0], rungs[1]["repeats"][0]
+    assert one["requests"] == 2 and two["requests"] == 16 and one["errors"] == two["errors"] == 0
+    assert two["input_tokens"] > two["requests"] > 0 and two["tps"] > 0 and two["latency_ms"]["n"] == 16
+    assert one["draw_hash"] != two["draw_hash"]
+    assert measured.bench is None and measured.quality is None   # the ladder, nothing else
+    no_process_left(json.loads((tmp_path / "ladder.json").read_text()))

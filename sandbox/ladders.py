@@ -1,0 +1,100 @@
+"""A ladder of loads on one server, for what a config is worth (`agent capacity`, issue 58).
+
+Each rung is one load: closed-loop streams (`concurrency`) or open-loop requests/s (`rate`, the
+workload's arrival pattern at that rate). At each rung the server gets warm-ups at that load, then
+`repeats` measured phases, every one a fresh draw: the rungs take their requests in turn from one
+cursor over the traffic's whole pool (the search split, then the held-out one: no decision rests on
+a ladder), so no request reaches the server twice. A closed-loop phase at C streams sends at least
+8 C requests (sandbox.workload.PHASE_PER_SLOT) and is counted over its steady window, as every figure.
+
+The ladder climbs until the loads given are spent, the traffic is, a rung's p99 breaks a bound of
+the SLO given, or output tokens/s stopped rising (a rung less than RISING above the one below).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from sandbox.traffic import Request
+from sandbox.workload import PHASE_PER_SLOT, Workload
+
+KINDS = ("concurrency", "rate")
+RISING = 0.05        # a rung whose output tokens/s is not 5% above the one below ends the climb
+MAX_RUNGS = 12
+OPEN_LOOP_CAP = 256  # requests in flight at most under open-loop arrivals
+PHASE_SECONDS = 10   # an open-loop phase sends at least this many seconds of arrivals
+SLO_FIELDS = {"ttft_p99_ms": "ttft_ms", "itl_p99_ms": "itl_ms", "e2e_p99_ms": "latency_ms"}
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """What a spec asks: the kind of load, the loads in climbing order, and the bounds that end it."""
+    kind: str
+    loads: tuple[float, ...]
+    slo: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: object, source: str) -> Ladder:
+        if not isinstance(raw, dict) or set(raw) - {"kind", "loads", "slo"}:
+            raise ValueError(f"{source}: {raw!r} is not a mapping of kind, loads and slo")
+        kind, loads, slo = raw.get("kind"), raw.get("loads"), raw.get("slo") or {}
+        if kind not in KINDS:
+            raise ValueError(f"{source}.kind: {kind!r} is not one of {', '.join(KINDS)}")
+        if (not isinstance(loads, list) or not 0 < len(loads) <= MAX_RUNGS
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 4096 for x in loads)
+                or sorted(loads) != loads or len(set(loads)) != len(loads)
+                or (kind == "concurrency" and not all(float(x).is_integer() for x in loads))):
+            raise ValueError(f"{source}.loads: {loads!r} is not 1 to {MAX_RUNGS} rising loads above 0 "
+                             f"(whole streams for concurrency)")
+        if not isinstance(slo, dict) or set(slo) - set(SLO_FIELDS) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in slo.values()):
+            raise ValueError(f"{source}.slo: {slo!r} is not bounds in ms among {', '.join(SLO_FIELDS)}")
+        return cls(kind, tuple(float(x) if kind == "rate" else int(x) for x in loads), dict(slo))
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "loads": list(self.loads), "slo": dict(self.slo)}
+
+
+def rung_workload(workload: Workload, kind: str, load: float) -> Workload:
+    """The workload at one rung: C streams with a phase of at least 8 C requests, or the workload's
+    arrival pattern (Poisson where it has none) at `load` requests/s for at least PHASE_SECONDS of
+    arrivals, at most OPEN_LOOP_CAP in flight (as `vllm bench serve --request-rate` without
+    --max-concurrency: a server that falls behind queues them, and the queue counts in their latency)."""
+    if kind == "concurrency":
+        streams = int(load)
+        return replace(workload, concurrency=streams, num_prompts=max(workload.num_prompts, PHASE_PER_SLOT * streams),
+                       arrivals="concurrency", name=f"{workload.name}@c{streams}")
+    arrivals = workload.arrivals if workload.arrivals.startswith(("rate", "trace")) else f"rate:{load:g}"
+    return replace(workload, arrivals=arrivals, concurrency=max(workload.concurrency, OPEN_LOOP_CAP),
+                   num_prompts=max(workload.num_prompts, math.ceil(PHASE_SECONDS * load)),
+                   name=f"{workload.name}@r{load:g}")
+
+
+class Cursor:
+    """The traffic's whole pool in a fixed order, handed out once: what the rungs draw from."""
+
+    def __init__(self, workload: Workload):
+        self.pool: list[Request] = workload.pool("search") + (workload.pool("heldout") if workload.traffic else [])
+        self.at = 0
+
+    def take(self, count: int) -> list[Request] | None:
+        """The next count requests, or None where fewer are left."""
+        if self.at + count > len(self.pool):
+            return None
+        self.at += count
+        return self.pool[self.at - count:self.at]
+
+
+def broken(bench: dict, slo: dict) -> str | None:
+    """The first bound a phase's p99 breaks, in words; None where all hold."""
+    for name, latency in SLO_FIELDS.items():
+        bound, p99 = slo.get(name), (bench.get(latency) or {}).get("p99")
+        if bound is not None and p99 is not None and p99 > bound:
+            return f"p99 {latency.removesuffix('_ms').replace('latency', 'end-to-end')} {p99:.0f} ms broke the " \
+                   f"SLO's {bound:g} ms"
+    return None
+
+
+def median_tps(phases: list[dict]) -> float:
+    return sorted(p["tps"] for p in phases)[len(phases) // 2]
