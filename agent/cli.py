@@ -416,7 +416,7 @@ def _report_html(ledger: ledgers.Ledger, row: ledgers.Run, trials: list, html_fi
         except GitCommandError:
             return None
 
-    page = render(row, trials, ledger.learned_rules(row.id), study, show)
+    page = render(row, trials, ledger.learned_rules(row.id), study, show, ledger.capacities(row.id))
     try:
         html_file.write_text(page)
     except OSError as e:

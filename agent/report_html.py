@@ -15,14 +15,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from agent import objective
-from agent.ledger import LearnedRule
+from agent.ledger import Capacity, LearnedRule
 from agent.proposal import run_meter, traffic_line
 from agent.refusals import describe
 from agent.states import CANDIDATES, Decision, Source, Status
 from agent.views import RunView, TrialView
 
-SECTIONS = ["summary", "branches", "speed-over-time", "speed-vs-quality", "speed-vs-latency", "failures",
-            "importance", "speed-only", "trials"]
+SECTIONS = ["summary", "branches", "speed-over-time", "speed-vs-quality", "speed-vs-latency", "capacity",
+            "failures", "importance", "speed-only", "trials"]
 
 
 def pareto(points: list[tuple[float, float, int]]) -> set[int]:
@@ -105,6 +105,60 @@ def _versus(trials: list[TrialView], x_of: Callable[[TrialView], float | None], 
     return _figure(fig)
 
 
+def capacity_section(rows: list[Capacity]) -> str:
+    """`agent capacity`'s curves (the latest of each config): p99 TTFT and ITL against output tokens/s
+    rung by rung, the SLO bounds as lines, each knee starred, and cost per million output tokens."""
+    import plotly.graph_objects as go
+
+    from agent.capacity import from_dict
+
+    if not rows:
+        return ("<p>Not measured. <code>agent capacity --all</code> measures the defaults and every branch on a "
+                "ladder of loads: the knee, the highest load within the SLOs, tokens per device-hour and cost.</p>")
+    latest = list({r.subject: r for r in rows}.values())
+    figures = []
+    for latency, name, bound in (("ttft_ms", "time to first token", "ttft_p99_ms"),
+                                 ("itl_ms", "inter-token latency", "itl_p99_ms")):
+        fig = go.Figure()
+        for row in latest:
+            curve = from_dict(row.curve)
+            unit = "streams" if curve.kind == "concurrency" else "req/s"
+            pts = [(r.median.output_tps, r.p99(latency), r.load) for r in curve.rungs if r.p99(latency) is not None]
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers+text",
+                                     name=row.subject, text=[f"{p[2]:g}" for p in pts], textposition="top center",
+                                     hovertext=[f"{row.subject}: {p[2]:g} {unit}" for p in pts], hoverinfo="text+x+y"))
+            knee = next((p for p in pts if row.knee is not None and p[2] == row.knee), None)
+            if knee:
+                fig.add_trace(go.Scatter(x=[knee[0]], y=[knee[1]], mode="markers", name=f"{row.subject}: knee",
+                                         marker=dict(symbol="star", size=16, color="crimson")))
+        slos = {row.slo.get(bound) for row in latest} - {None}
+        for value in slos:
+            fig.add_hline(y=value, line_dash="dash", line_color="red", annotation_text=f"SLO {value:g} ms")
+        fig.update_layout(title=f"p99 {name} against output tokens/s, load by load (labels: the load)",
+                          xaxis_title="output tokens/s", yaxis_title=f"p99 {name} (ms)")
+        figures.append(_figure(fig))
+    priced = [r for r in latest if r.cost_per_m_output is not None]
+    if priced:
+        fig = go.Figure(go.Bar(x=[r.subject for r in priced], y=[r.cost_per_m_output for r in priced],
+                               name="per million output tokens"))
+        fig.add_trace(go.Bar(x=[r.subject for r in priced], y=[r.cost_per_m_input for r in priced],
+                             name="per million input tokens"))
+        fig.update_layout(title=f"Cost at each config's operating point (${priced[0].price_per_hour:g} an hour)",
+                          yaxis_title="$", barmode="group")
+        figures.append(_figure(fig))
+    def cells(r: Capacity) -> list:
+        return [r.subject, r.knee, r.slo_limit, r.point_is if r.point is None else f"{r.point_is} ({r.point:g})",
+                f"{r.output_tps:.2f}" if r.output_tps else "",
+                f"{r.tokens_per_device_hour:,.0f}" if r.tokens_per_device_hour else "",
+                f"{r.cost_per_m_output:.2f}" if r.cost_per_m_output else "",
+                f"{r.cost_per_m_input:.2f}" if r.cost_per_m_input else "", r.servers, r.source]
+
+    table = _table(["config", "knee", "SLO limit", "operating point", "output tok/s there",
+                    "output tokens a device-hour", "$ / M output", "$ / M input", "servers", "source"],
+                   [cells(r) for r in latest])
+    return table + "".join(figures)
+
+
 def failures(trials: list[TrialView], rules: list[LearnedRule]) -> str:
     import plotly.graph_objects as go
 
@@ -178,7 +232,7 @@ def branch_section(run: RunView, trials: list[TrialView], show: Callable[[str, s
 
 
 def render(run: RunView, trials: list[TrialView], rules: list[LearnedRule], study,
-           show: Callable[[str, str], str | None]) -> str:
+           show: Callable[[str, str], str | None], capacities: list[Capacity] | None = None) -> str:
     """The page. `show(branch, path)` reads a file of a proposed branch (None when it cannot)."""
     from plotly.offline import get_plotlyjs
 
@@ -215,6 +269,7 @@ def render(run: RunView, trials: list[TrialView], rules: list[LearnedRule], stud
         "speed-vs-latency": ("Speed against latency", _versus(
             trials, lambda t: t.itl_p99_ms, "p99 inter-token latency (ms)",
             "TPS ratio against p99 inter-token latency (Pareto: faster and lower latency)")),
+        "capacity": ("What each config is worth: load curves, knees, cost", capacity_section(capacities or [])),
         "failures": ("Failures, learned refusals, pruned trials", failures(trials, rules)),
         "importance": ("Which knobs mattered", importance(study) if study is not None else
                        "<p>The run's Optuna study is not in this storage.</p>"),

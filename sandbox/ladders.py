@@ -4,7 +4,7 @@ Each rung is one load: closed-loop streams (`concurrency`) or open-loop requests
 workload's arrival pattern at that rate). At each rung the server gets warm-ups at that load, then
 `repeats` measured phases, every one a fresh draw: the rungs take their requests in turn from one
 cursor over the traffic's whole pool (the search split, then the held-out one: no decision rests on
-a ladder), so no request reaches the server twice. A closed-loop phase at C streams sends at least
+a ladder), so no request reaches the server twice. A closed-loop phase at C > 1 streams sends at least
 8 C requests (sandbox.workload.PHASE_PER_SLOT) and is counted over its steady window, as every figure.
 
 The ladder climbs until the loads given are spent, the traffic is, a rung's p99 breaks a bound of
@@ -57,13 +57,14 @@ class Ladder:
 
 
 def rung_workload(workload: Workload, kind: str, load: float) -> Workload:
-    """The workload at one rung: C streams with a phase of at least 8 C requests, or the workload's
+    """The workload at one rung: C streams with a phase of at least 8 C requests (C > 1), or the workload's
     arrival pattern (Poisson where it has none) at `load` requests/s for at least PHASE_SECONDS of
     arrivals, at most OPEN_LOOP_CAP in flight (as `vllm bench serve --request-rate` without
     --max-concurrency: a server that falls behind queues them, and the queue counts in their latency)."""
     if kind == "concurrency":
         streams = int(load)
-        return replace(workload, concurrency=streams, num_prompts=max(workload.num_prompts, PHASE_PER_SLOT * streams),
+        least = PHASE_PER_SLOT * streams if streams > 1 else 0   # as sandbox.workload's phases at C > 1
+        return replace(workload, concurrency=streams, num_prompts=max(workload.num_prompts, least),
                        arrivals="concurrency", name=f"{workload.name}@c{streams}")
     arrivals = workload.arrivals if workload.arrivals.startswith(("rate", "trace")) else f"rate:{load:g}"
     return replace(workload, arrivals=arrivals, concurrency=max(workload.concurrency, OPEN_LOOP_CAP),

@@ -244,3 +244,21 @@ def test_agent_capacity_measures_stores_and_prints_the_defaults_side_by_side(tmp
     again = command(ledger, "r", Ask(), [], False, None, tmp_path / "out", said.append, engine=StandIn())
     assert [c.source for c in ledger.capacities("r")] == ["measured", f"imported from {tmp_path / 'out'}"]
     assert sum(line.startswith("| defaults | 2 stream(s)") for line in again) == 2
+
+
+def test_the_docs_table_and_plot_come_from_an_exported_folder(tmp_path):
+    """scripts/capacity_table.py: docs/results.md's capacity table and SVG from committed raw files."""
+    import subprocess
+    import sys
+
+    sweep.export(two_curves(), tmp_path / "sweep", model="m")
+    done = subprocess.run([sys.executable, "scripts/capacity_table.py", str(tmp_path / "sweep"), "--svg",
+                           str(tmp_path / "c.svg"), "--price-per-hour", "1"], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| agent/r/3 | 2 stream(s) | 247.00 (237.5-247.0) | " in done.stdout   # the upper of two repeats
+    assert "agent/r/3: knee none within the ladder" in done.stdout   # its latency never rose
+    assert "defaults: knee 2 stream(s); SLO limit no SLO given; at its knee (2 stream(s)) 190.00 output tok/s" \
+        in done.stdout and "$1.46 per million output tokens" in done.stdout
+    picture = (tmp_path / "c.svg").read_text()
+    assert picture.count("<polyline") == 2 and picture.count('stroke="crimson"') == 1   # the defaults' knee
