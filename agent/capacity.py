@@ -18,7 +18,10 @@ Definitions (docs/manual.md, "What a win is worth"):
 - Cost: the device-hour's price over the output tokens an hour serves at the operating point, and
   the same price over its input tokens: each the whole price given to one kind of token, as
   inference-perf reports them (not a split of one bill).
-- Servers for a target rate: the target's requests/s over the operating point's, rounded up.
+- Servers for a target rate: the target's requests/s over the operating point's (requests over the
+  whole phase, as vLLM counts them), rounded up.
+- A rung where a request failed ends the curve for all of these: a load the server could not answer
+  is no operating point.
 """
 
 from __future__ import annotations
@@ -96,10 +99,22 @@ class Worth:
     servers: int | None
 
 
+def served(curve: Curve) -> tuple[Rung, ...]:
+    """The rungs up to the first where a request failed: a load the server could not answer is no
+    operating point (the worker ends the climb there)."""
+    clean = []
+    for rung in curve.rungs:
+        if any(r.errors for r in rung.repeats):
+            break
+        clean.append(rung)
+    return tuple(clean)
+
+
 def knee(curve: Curve) -> Rung | None:
     """The rung below the first whose p99 end-to-end latency rose by a larger fraction than its output
     tokens/s (module docstring); None where no rung did."""
-    for below, rung in zip(curve.rungs, curve.rungs[1:], strict=False):
+    rungs = served(curve)
+    for below, rung in zip(rungs, rungs[1:], strict=False):
         was, now = below.p99("latency_ms"), rung.p99("latency_ms")
         gained = rung.median.output_tps / below.median.output_tps - 1 if below.median.output_tps > 0 else 0.0
         if was and now is not None and now / was - 1 > gained:
@@ -108,10 +123,11 @@ def knee(curve: Curve) -> Rung | None:
 
 
 def holds(rung: Rung, slo: dict) -> bool:
-    """Whether the rung's p99s are within every bound set (slo: ttft_p99_ms, itl_p99_ms, e2e_p99_ms)."""
+    """Whether the rung's p99s are within every bound set (slo: ttft_p99_ms, itl_p99_ms, e2e_p99_ms); a
+    p99 the rung lacks (a sweep that did not record it) is not judged, as the worker's climb does."""
     for name, latency in SLO_FIELDS.items():
         bound, p99 = slo.get(name), rung.p99(latency)
-        if bound is not None and (p99 is None or p99 > bound):
+        if bound is not None and p99 is not None and p99 > bound:
             return False
     return True
 
@@ -121,7 +137,7 @@ def slo_limit(curve: Curve, slo: dict) -> Rung | None:
     if not any(slo.get(name) is not None for name in SLO_FIELDS):
         return None
     limit = None
-    for rung in curve.rungs:
+    for rung in served(curve):
         if not holds(rung, slo):
             break
         limit = rung
@@ -135,8 +151,8 @@ def worth(curve: Curve, slo: dict, price_per_hour: float | None = None, target_r
         point, point_is = limit, "SLO limit" if limit else "none"
     elif bend:
         point, point_is = bend, "knee"
-    elif curve.rungs:
-        point, point_is = curve.rungs[-1], "top of the ladder"
+    elif served(curve):
+        point, point_is = served(curve)[-1], "top of the ladder"
     else:
         point, point_is = None, "none"
     if point is None:
@@ -146,8 +162,9 @@ def worth(curve: Curve, slo: dict, price_per_hour: float | None = None, target_r
     return Worth(
         bend, limit, point, point_is,
         tokens_per_device_hour=per_hour_out / curve.devices,
-        cost_per_m_output=price_per_hour / (per_hour_out / 1e6) if price_per_hour and per_hour_out else None,
-        cost_per_m_input=price_per_hour / (per_hour_in / 1e6) if price_per_hour and per_hour_in else None,
+        cost_per_m_output=price_per_hour / (per_hour_out / 1e6) if price_per_hour is not None and per_hour_out
+        else None,
+        cost_per_m_input=price_per_hour / (per_hour_in / 1e6) if price_per_hour is not None and per_hour_in else None,
         servers=math.ceil(target_rate / m.request_rate) if target_rate and m.request_rate > 0 else None)
 
 

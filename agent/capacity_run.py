@@ -94,11 +94,12 @@ def measure(run: Run, subject: Subject, ask: Ask, engine, out_dir: Path, say: Ca
         say(f"{subject.name}: fresh server {i + 1}/{ask.instances}, {ask.kind} {loads}")
         folder = out_dir / subject.name.replace("/", "_") / f"instance{i + 1}"
         result = engine.evaluate(spec, folder, timeout_s=TIMEOUT_S)
-        if not result.ok or result.ladder is None:
+        if result.ladder is None or (not result.ok and not result.ladder["rungs"]):
             raise CapacityError(f"{subject.name}: server {i + 1} failed: {result.why()}")
         for rung in result.ladder["rungs"]:
             rungs.setdefault(rung["load"], []).extend(capacity.repeat_from_bench(b) for b in rung["repeats"])
-        stopped.append(result.ladder["stopped"])
+        stopped.append(result.ladder["stopped"] if result.ok else f"the server failed above the rungs kept: "
+                                                                   f"{result.why()}")
         say(f"{subject.name}: server {i + 1}: {len(result.ladder['rungs'])} rung(s); {result.ladder['stopped']}")
     return Curve(subject.name, ask.kind, tuple(Rung(load, tuple(reps)) for load, reps in sorted(rungs.items())),
                  "; ".join(dict.fromkeys(stopped)), ask.devices)
@@ -129,12 +130,12 @@ def table(curves: list[Curve], worths: list[Worth], ask: Ask, noise_sd: float) -
     with each config's ratio to the first (the defaults) where both have a figure."""
     lines = ["| config | load | output tok/s (spread) | total tok/s | req/s | TTFT p50/p90/p99 ms | "
              "ITL p50/p99 ms | e2e p50/p90/p99 ms (n) | vs defaults |", "|---" * 9 + "|"]
-    first = {r.load: r for r in curves[0].rungs} if curves else {}
+    first = {(curves[0].kind, r.load): r for r in curves[0].rungs} if curves else {}
     for curve in curves:
         for rung in curve.rungs:
-            m, (low, high) = rung.median, rung.spread
-            ratio = f"{m.output_tps / first[rung.load].median.output_tps:.3f}x" \
-                if curve is not curves[0] and rung.load in first and first[rung.load].median.output_tps else ""
+            m, (low, high), same = rung.median, rung.spread, first.get((curve.kind, rung.load))
+            ratio = f"{m.output_tps / same.median.output_tps:.3f}x" \
+                if curve is not curves[0] and same is not None and same.median.output_tps else ""
             spread = f" ({low:.1f}-{high:.1f}{', repeats disagree' if rung.disagrees(noise_sd) else ''})" \
                 if len(rung.repeats) > 1 else ""
             lines.append(
@@ -195,7 +196,7 @@ def command(ledger: Ledger, run_id: str | None, ask: Ask, branches: list[str], e
             latest = {c.subject: c for c in ledger.capacities(run.id) if c.source == "measured"}
             curves = [capacity.from_dict(c.curve) for c in latest.values()]
             trials = [c.trial_number for c in latest.values()]
-            imported = sweep.read(import_dir)
+            imported = sweep.read(import_dir, ask.devices)
             for curve in imported:
                 store(ledger, run, curve, capacity.worth(curve, slo, ask.price_per_hour, ask.target_rate), ask, None,
                       f"imported from {import_dir}")
@@ -219,7 +220,7 @@ def command(ledger: Ledger, run_id: str | None, ask: Ask, branches: list[str], e
     lines = table(curves, worths, ask, noise)
     if export_dir is not None:
         written = sweep.export(curves, export_dir, run.model)
+        users = "max_concurrency" if ask.kind == "concurrency" else "request_rate"
         lines.append(f"written as a `vllm bench sweep serve` folder: {export_dir} ({len(written)} load points); draw "
-                     f"it with python -m vllm.benchmarks.sweep.plot_pareto {export_dir} --user-count-var "
-                     f"max_concurrency")
+                     f"it with python -m vllm.benchmarks.sweep.plot_pareto {export_dir} --user-count-var {users}")
     return lines

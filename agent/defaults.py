@@ -199,8 +199,9 @@ def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> 
     run, ledger = ctx.run, seams.ledger
     start = goodput_start(ledger.trials(run.id))
     row = open_trial(ctx, ledger, {}, source, rationale=rationale)
+    best = max((t.claimed_ratio for t in ledger.trials(run.id) if t.branch), default=None)   # a drift check's too
     seams.say("trial", number=row.number, source=source, params={}, left_s=clock.seconds_left(run.deadline_at),
-              best=None)
+              best=best)
     result = measure(ctx, seams, row, max(clock.seconds_left(run.deadline_at), 1), heldout_bench=source == "aa",
                      stop_rules={"goodput_start": start or None})
     row = record(ledger, row, result)

@@ -33,8 +33,21 @@ class SweepError(ValueError):
 
 
 def _folder(subject: str, kind: str, load: float) -> str:
-    name = f"SERVE-{subject}-BENCH-{'max_concurrency' if kind == 'concurrency' else 'request_rate'}={load:g}"
+    """As vLLM names a combination's folder: "-".join(("SERVE-", serve, "BENCH-", bench))."""
+    name = f"SERVE--{subject}-BENCH--{'max_concurrency' if kind == 'concurrency' else 'request_rate'}={load:g}"
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", name)
+
+
+FOLDER = re.compile(r"^(?:SERVE--(?P<serve>.*?)-)?BENCH--")
+
+
+def _devices(data: dict, default: int) -> int:
+    """The devices one server of the record took: the agent's count, else vLLM's parallel sizes."""
+    if data.get("agent_devices"):
+        return int(data["agent_devices"])
+    sizes = [data.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")]
+    product = math.prod(int(x) for x in sizes if isinstance(x, (int, float)) and x)
+    return product if any(isinstance(x, (int, float)) and x for x in sizes) else default
 
 
 def record(curve: Curve, rung: Rung, number: int, repeat: Repeat, model: str) -> dict:
@@ -110,9 +123,11 @@ def _latency(data: dict, theirs: str, where: str) -> dict:
     return figures
 
 
-def read(folder: Path) -> list[Curve]:
-    """Every run recorded in a sweep folder's summary.json files, as curves: one per config label
-    (the agent's, the sweep's serve parameters, or the folder's name) and kind of load."""
+def read(folder: Path, devices: int = 1) -> list[Curve]:
+    """Every run recorded in a sweep folder's summary.json files, as curves: one per config (the
+    agent's label, else the folder's serve parameters, else the run's label) and kind of load: open
+    loop wherever request_rate is finite (a rate sweep may cap its concurrency too). devices: a
+    server's devices where a record names none (neither the agent's count nor vLLM's parallel sizes)."""
     found = sorted(folder.rglob("summary.json"))
     if not found:
         raise SweepError(f"{folder}: no summary.json under it (a `vllm bench sweep serve` output folder has one "
@@ -130,8 +145,8 @@ def read(folder: Path) -> list[Curve]:
             where = f"{path}[{i}]"
             if not isinstance(data, dict):
                 raise SweepError(f"{where}: not a JSON object")
-            subject = str(data.get("agent_subject") or data.get("config") or data.get("label")
-                          or path.parent.name.split("-BENCH-")[0].removeprefix("SERVE-") or "sweep")
+            named = FOLDER.match(path.parent.name)
+            subject = str(data.get("agent_subject") or (named and named["serve"]) or data.get("label") or "sweep")
             streams, rate = _number(data, "max_concurrency", where), data.get("request_rate")
             rate = None if rate in (None, "inf") else _number(data, "request_rate", where)
             if rate is not None and math.isinf(rate):
@@ -139,7 +154,7 @@ def read(folder: Path) -> list[Curve]:
             if streams is None and rate is None:
                 raise SweepError(f"{where}: neither max_concurrency nor a finite request_rate: no load to place "
                                  f"it at")
-            kind, load = ("concurrency", streams) if streams is not None else ("rate", rate)
+            kind, load = ("rate", rate) if rate is not None else ("concurrency", streams)
             assert load is not None
             needed = ("output_throughput", "total_token_throughput", "request_throughput", "duration", "completed")
             if missing := [k for k in needed if data.get(k) is None]:
@@ -153,7 +168,7 @@ def read(folder: Path) -> list[Curve]:
                 errors=int(data.get("failed") or 0))
             groups[(subject, kind)][float(load) if kind == "rate" else int(load)].append(
                 (int(data.get("run_number") or 0), repeat))
-            extra[(subject, kind)] = (str(data.get("agent_stopped") or ""), int(data.get("agent_devices") or 1))
+            extra[(subject, kind)] = (str(data.get("agent_stopped") or ""), _devices(data, devices))
     curves = []   # the defaults first (what the table's ratios are to), then by name
     for (subject, kind), rungs in sorted(groups.items(), key=lambda g: (g[0][0] != "defaults", g[0])):
         stopped, devices = extra[(subject, kind)]

@@ -66,6 +66,8 @@ def rung_workload(workload: Workload, kind: str, load: float) -> Workload:
         least = PHASE_PER_SLOT * streams if streams > 1 else 0   # as sandbox.workload's phases at C > 1
         return replace(workload, concurrency=streams, num_prompts=max(workload.num_prompts, least),
                        arrivals="concurrency", name=f"{workload.name}@c{streams}")
+    # The profile's shape (its burstiness and seed, or the trace's timing) where it has one; the rung's rate
+    # reaches it as offsets(rate=load), which overrides the profile's own.
     arrivals = workload.arrivals if workload.arrivals.startswith(("rate", "trace")) else f"rate:{load:g}"
     return replace(workload, arrivals=arrivals, concurrency=max(workload.concurrency, OPEN_LOOP_CAP),
                    num_prompts=max(workload.num_prompts, math.ceil(PHASE_SECONDS * load)),

@@ -291,48 +291,61 @@ class TrialRun:
 
     def ladder(self) -> None:
         """The spec's ladder of loads on this server (sandbox.ladders): at each rung warm-ups at its load,
-        then `repeats` phases of fresh requests; the climb ends where the ladder says, and why is kept."""
+        then `repeats` phases of fresh requests; the climb ends where the ladder says, and why is kept.
+        The result holds every rung measured so far: a rung that overruns its deadline ends the climb, and
+        a server that dies there fails the trial with the rungs below it kept."""
         spec, ladder = self.spec, self.spec.ladder
         assert ladder is not None   # run_trial climbs only a spec that gives one
         self.enter("ladder")
-        cursor, rungs = ladders.Cursor(spec.workload), []
+        cursor, rungs = ladders.Cursor(spec.workload), list[dict]()
         below: list[dict] = []   # the rung below's phases
         stopped = f"the loads given end at {ladder.loads[-1]:g}"
+        self.result.ladder = {**ladder.as_dict(), "rungs": rungs, "stopped": stopped}
         for load in ladder.loads:
+            at = f"{ladder.kind} {load:g}"
             w = ladders.rung_workload(spec.workload, ladder.kind, load)
             warm, draws = cursor.take(w.warmup_count()), [cursor.take(w.num_prompts) for _ in range(spec.repeats)]
             if warm is None or any(d is None for d in draws):
-                stopped = f"the traffic's {len(cursor.pool)} distinct requests are spent before {ladder.kind} {load:g}"
+                spent = f"the traffic's {len(cursor.pool)} distinct requests are spent before {at}"
+                self.result.ladder["stopped"] = spent
                 break
-            self.enter("ladder", f"{ladder.kind} {load:g}")
-            bench_s = bench.bench_deadline_s(w)
-            phases = []
-            with deadline((bench_s + _span(w, spec.repeats)) * (spec.repeats + 1) + 10, self.phase):
-                asyncio.run(bench.run_requests(self.server.base_url, served(self.server), warm, w.concurrency, bench_s))
-                for r, requests in enumerate(draws):
-                    assert requests is not None
-                    offsets = w.offsets(len(requests), r, rate=load if ladder.kind == "rate" else None)
-                    measured, _ = asyncio.run(_measure(self.server, w, requests,
-                                                       bench_s + (offsets[-1] if offsets else 0.0), None, offsets))
-                    self.server.fail_if_dead(self.phase)
-                    phases.append(measured.to_dict())
+            self.enter("ladder", at)
+            try:
+                phases = self._rung(w, load if ladder.kind == "rate" else None, warm, draws)
+            except (PhaseTimeout, TimeoutError):
+                self.result.ladder["stopped"] = f"{at} overran its deadline: the server falls behind this load"
+                break
             rungs.append({"load": load, "repeats": phases})
             failed = next((p for p in phases if p["errors"]), None)
             median = sorted(phases, key=lambda p: p["tps"])[len(phases) // 2]
             if failed:
-                stopped = (f"{failed['errors']} of {failed['requests']} requests failed at {ladder.kind} {load:g}: "
-                           f"{failed['first_error']}")
-                break
-            if why := ladders.broken(median, ladder.slo):
-                stopped = f"{why} at {ladder.kind} {load:g}"
-                break
-            if below and median["tps"] < ladders.median_tps(below) * (1 + ladders.RISING):
-                stopped = (f"output tokens/s stopped rising at {ladder.kind} {load:g} "
-                           f"({ladders.median_tps(below):g} -> {median['tps']:g})")
-                break
-            below = phases
-        self.result.ladder = {**ladder.as_dict(), "rungs": rungs, "stopped": stopped}
+                stopped = f"{failed['errors']} of {failed['requests']} requests failed at {at}: {failed['first_error']}"
+            elif why := ladders.broken(median, ladder.slo):
+                stopped = f"{why} at {at}"
+            elif below and median["tps"] < ladders.median_tps(below) * (1 + ladders.RISING):
+                stopped = f"output tokens/s stopped rising at {at} ({ladders.median_tps(below):g} -> {median['tps']:g})"
+            else:
+                below = phases
+                continue
+            self.result.ladder["stopped"] = stopped
+            break
         self.lap("ladder")
+
+    def _rung(self, w, rate: float | None, warm: list, draws: list) -> list[dict]:
+        """One rung: the warm-ups, then each draw measured, at the rung's load (open loop: `rate`)."""
+        bench_s = bench.bench_deadline_s(w)
+        spans = [(w.offsets(len(d), r, rate=rate) or [0.0])[-1] for r, d in enumerate([warm, *draws])]
+        phases = []
+        with deadline(sum(bench_s + span for span in spans) + 10, self.phase):
+            offsets = w.offsets(len(warm), 0, rate=rate)
+            asyncio.run(bench.run_requests(self.server.base_url, served(self.server), warm, w.concurrency,
+                                           bench_s + spans[0], offsets=offsets))
+            for r, requests in enumerate(draws):
+                offsets = w.offsets(len(requests), r, rate=rate)
+                measured, _ = asyncio.run(_measure(self.server, w, requests, bench_s + spans[r + 1], None, offsets))
+                self.server.fail_if_dead(self.phase)
+                phases.append(measured.to_dict())
+        return phases
 
     def quality(self) -> None:
         self.enter("quality")

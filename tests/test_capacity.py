@@ -74,6 +74,14 @@ def test_cost_per_million_tokens_input_and_output_apart_and_servers_for_a_target
     assert capacity.worth(bent, {}).cost_per_m_output is None   # no price given: no cost
 
 
+def test_a_rung_where_requests_failed_is_no_operating_point():
+    failing = Rung(8, (Repeat(**{**rep(300, 1500).__dict__, "errors": 3}),))
+    broken = Curve("defaults", "concurrency", curve((1, 100, 1000), (2, 190, 1000), (4, 370, 1000)).rungs + (failing,))
+    judged = capacity.worth(broken, {"e2e_p99_ms": 5000})
+    assert (judged.point_is, judged.point.load) == ("SLO limit", 4)
+    assert capacity.worth(broken, {}).point.load == 4 and capacity.knee(broken) is None
+
+
 def test_repeats_that_disagree_beyond_the_noise_are_said_to():
     rung = Rung(2, (rep(100, 1000), rep(130, 1000)))
     assert rung.disagrees(noise_sd=0.05) and not rung.disagrees(noise_sd=0.2)
@@ -98,8 +106,11 @@ def test_a_ladder_out_of_bounds_is_refused_naming_the_value(raw, needle):
 
 def ladder_trial(tmp_path: Path, monkeypatch, slots: int, loads: list, slo: dict | None = None, kind="concurrency"):
     """One real worker on the stand-in: 10 tokens of 10 ms a request, `slots` decoding at once, so at
-    C streams it serves min(C, slots) * 100 tokens/s and each request waits C / slots times as long."""
-    monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_SLOTS", "FAKE_TOKEN_S"))
+    C streams it serves min(C, slots) * 100 tokens/s and each request waits C / slots times as long.
+    Every request the stand-in receives is recorded in tmp_path / received.jsonl."""
+    monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_SLOTS", "FAKE_TOKEN_S",
+                                                        "FAKE_RECORD"))
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "received.jsonl"))
     monkeypatch.setenv("FAKE_SLOTS", str(slots))
     monkeypatch.setenv("FAKE_TOKEN_S", "0.01")
     traffic = tmp_path / "t.jsonl"
@@ -126,9 +137,11 @@ def test_the_worker_climbs_until_throughput_stops_rising_and_the_knee_is_where_t
     assert rungs[2].median.requests >= 32                       # a phase at C streams: at least 8 C requests
     assert all(r.median.input_tokens == 5 * r.median.requests for r in rungs)   # the stand-in's usage record
     assert capacity.knee(Curve("defaults", "concurrency", tuple(rungs))).load == 2
-    # No request reached the server twice: each rung drew fresh ones from one cursor.
-    hashes = [b["draw_hash"] for r in ladder["rungs"] for b in r["repeats"]]
-    assert len(set(hashes)) == len(hashes) == 6
+    # No request reached the server twice, warm-ups included: each rung drew fresh ones from one cursor.
+    sent = [json.loads(line)["body"]["prompt"] for line in (tmp_path / "received.jsonl").read_text().splitlines()
+            if json.loads(line)["path"] == "/v1/completions"]
+    measured = sum(b["requests"] for r in ladder["rungs"] for b in r["repeats"])
+    assert len(sent) > measured == 8 + 8 + 16 + 16 + 32 + 32 and len(set(sent)) == len(sent)
 
 
 def test_the_climb_stops_where_a_p99_breaks_the_slo_and_names_it(tmp_path, monkeypatch):
@@ -178,7 +191,7 @@ def test_an_export_reads_back_to_equal_figures_and_vllms_sweep_plotting_loads_it
 def test_a_sweep_run_by_hand_is_read_with_vllms_own_fields(tmp_path):
     """What `vllm bench sweep serve` writes (no agent_* fields): the load from max_concurrency, the
     config from the folder's SERVE- part, percentiles as vLLM names them."""
-    folder = tmp_path / "exp" / "SERVE-tp1-BENCH-max_concurrency=8"
+    folder = tmp_path / "exp" / "SERVE--tp1-BENCH--max_concurrency=8"   # "-".join(("SERVE-", s, "BENCH-", b))
     folder.mkdir(parents=True)
     run = {"max_concurrency": 8, "request_rate": "inf", "duration": 20.0, "completed": 64, "failed": 0,
            "total_input_tokens": 6400, "total_output_tokens": 8000, "request_throughput": 3.2,
@@ -191,6 +204,19 @@ def test_a_sweep_run_by_hand_is_read_with_vllms_own_fields(tmp_path):
     m = got.rungs[0].median
     assert (m.output_tps, m.input_tps, m.ttft_ms["p99"], m.latency_ms["p50"], m.latency_ms["n"]) == (
         400.0, 320.0, 90.0, 2400.0, 64)
+    # No serve parameters: the folder is BENCH--... alone, and the run's label (else "sweep") names the config.
+    bare = tmp_path / "bare" / "BENCH--max_concurrency=8"
+    bare.mkdir(parents=True)
+    (bare / "summary.json").write_text(json.dumps([{**run, "label": "by hand"}]))
+    assert [c.subject for c in sweep.read(tmp_path / "bare")] == ["by hand"]
+    # A rate sweep capped at a concurrency is open loop; vLLM's parallel sizes count the devices.
+    rated = [{**run, "request_rate": r, "max_concurrency": 64, "tensor_parallel_size": 2, "run_number": 0}
+             for r in (1.0, 2.0)]
+    for r, data in zip((1, 2), rated, strict=True):
+        (tmp_path / "rated" / f"SERVE--tp2-BENCH--request_rate={r}").mkdir(parents=True)
+        (tmp_path / "rated" / f"SERVE--tp2-BENCH--request_rate={r}" / "summary.json").write_text(json.dumps([data]))
+    (curve,) = sweep.read(tmp_path / "rated")
+    assert (curve.kind, [r.load for r in curve.rungs], curve.devices) == ("rate", [1.0, 2.0], 2)
     (folder / "summary.json").write_text(json.dumps([{**run, "max_concurrency": None}]))
     with pytest.raises(sweep.SweepError, match=r"summary.json\[0\]: neither max_concurrency"):
         sweep.read(tmp_path / "exp")

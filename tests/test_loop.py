@@ -735,3 +735,13 @@ def test_a_planners_range_outside_its_knob_is_refused_said_and_never_applied(tmp
     assert refused and any("[1, 1000000000] is not inside max-num-seqs's range" in r for r in refused), refused
     assert any("'enforce-eager' is not a numeric knob" in r for r in refused), refused
     assert ledger.narrowings("n") == [] and not [e for e, _ in events if e == "narrow"]
+
+
+def test_every_trial_line_after_the_first_branch_names_the_best_so_far_drift_checks_too(night):
+    """A drift check's line read "no accepted config yet" after a branch had been committed (the README's
+    run of 2026-12-07, trial 18): the defaults' instances said best=None whatever the night held."""
+    ledger, _, _, _, events = night
+    first = min(t.number for t in ledger.trials("r1") if t.branch)
+    later = [info for e, info in events if e == "trial" and info["number"] > first]
+    drifts = [info for info in later if info["source"] == "drift"]
+    assert drifts and all(info["best"] for info in later)

@@ -81,7 +81,7 @@ def test_the_capacity_section_draws_each_configs_load_curve_knee_slo_and_cost(pa
                                 env={"AGENT_HOME": str(page.parent)})
     assert result.exit_code == 0, result.output
     section = out.read_text().split("<section id='capacity'>", 1)[1].split("</section>", 1)[0]
-    assert "agent/night/3" in section and "SLO limit (2)" in section and "knee" in section
+    assert "agent/night/3" in section and "SLO limit (2)" in section and "defaults: knee" in section
     assert "Cost at each config" in section and "SLO 200 ms" in section
     dom, errors = open_page(out)
     assert errors == []
