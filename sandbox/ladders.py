@@ -4,8 +4,9 @@ Each rung is one load: closed-loop streams (`concurrency`) or open-loop requests
 workload's arrival pattern at that rate). At each rung the server gets warm-ups at that load, then
 `repeats` measured phases, every one a fresh draw: the rungs take their requests in turn from one
 cursor over the traffic's whole pool (the search split, then the held-out one: no decision rests on
-a ladder), so no request reaches the server twice. A closed-loop phase at C > 1 streams sends at least
-8 C requests (sandbox.workload.PHASE_PER_SLOT) and is counted over its steady window, as every figure.
+a ladder), so no request reaches the server twice. Every closed-loop phase of a ladder up to T > 1
+streams sends at least 8 T requests (sandbox.workload.PHASE_PER_SLOT: the same mix at every rung) and
+is counted over its steady window, as every figure.
 
 The ladder climbs until the loads given are spent, the traffic is, a rung's p99 breaks a bound of
 the SLO given, or output tokens/s stopped rising (a rung less than RISING above the one below).
@@ -56,14 +57,18 @@ class Ladder:
         return {"kind": self.kind, "loads": list(self.loads), "slo": dict(self.slo)}
 
 
-def rung_workload(workload: Workload, kind: str, load: float) -> Workload:
-    """The workload at one rung: C streams with a phase of at least 8 C requests (C > 1), or the workload's
+def rung_workload(workload: Workload, kind: str, load: float, top: float | None = None) -> Workload:
+    """The workload at one rung: C streams with a phase of at least 8 T requests at every rung of a ladder
+    whose top load T is above 1 (each rung's phase the same size, so every rung draws a like mix of
+    short and long requests and their latencies compare: 4 requests a phase at one stream read a p99
+    end-to-end a tenth of 16 at two, on the realistic default, by their lengths alone), or the workload's
     arrival pattern (Poisson where it has none) at `load` requests/s for at least PHASE_SECONDS of
     arrivals, at most OPEN_LOOP_CAP in flight (as `vllm bench serve --request-rate` without
     --max-concurrency: a server that falls behind queues them, and the queue counts in their latency)."""
     if kind == "concurrency":
         streams = int(load)
-        least = PHASE_PER_SLOT * streams if streams > 1 else 0   # as sandbox.workload's phases at C > 1
+        highest = int(top or load)
+        least = PHASE_PER_SLOT * highest if highest > 1 else 0   # as sandbox.workload's phases at C > 1
         return replace(workload, concurrency=streams, num_prompts=max(workload.num_prompts, least),
                        arrivals="concurrency", name=f"{workload.name}@c{streams}")
     # The profile's shape (its burstiness and seed, or the trace's timing) where it has one; the rung's rate

