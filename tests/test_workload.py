@@ -8,7 +8,7 @@ from sandbox.workload import DATA, load_quality, load_workload, split_prompts
 
 PROFILES = ["challenge", "challenge-short", "challenge-cpu", "throughput", "throughput-cpu", "smoke"]
 TRAFFIC = ["default-cpu", "default", "default-c128", "single-stream", "rag", "chat-cpu", "trace-cpu", "edits-c32",
-           "edits-cpu", "conversations-cpu"]
+           "edits-cpu", "edits-chat-cpu", "conversations-cpu"]
 
 
 @pytest.mark.parametrize("name", PROFILES)
