@@ -189,6 +189,9 @@ def command(ledger: Ledger, run_id: str | None, ask: Ask, branches: list[str], e
     slo = ask.slo or {k: v for k, v in (("ttft_p99_ms", gate.slo_ttft_p99_ms), ("itl_p99_ms", gate.slo_itl_p99_ms))
                       if v is not None}
     ask = Ask(ask.kind, ask.loads, ask.instances, slo, ask.price_per_hour, ask.target_rate, ask.devices)
+    def judged(curve: Curve) -> Worth:
+        return capacity.worth(curve, slo, ask.price_per_hour, ask.target_rate)
+
     curves: list[Curve] = []
     trials: list[int | None] = []
     try:
@@ -198,8 +201,7 @@ def command(ledger: Ledger, run_id: str | None, ask: Ask, branches: list[str], e
             trials = [c.trial_number for c in latest.values()]
             imported = sweep.read(import_dir, ask.devices)
             for curve in imported:
-                store(ledger, run, curve, capacity.worth(curve, slo, ask.price_per_hour, ask.target_rate), ask, None,
-                      f"imported from {import_dir}")
+                store(ledger, run, curve, judged(curve), ask, None, f"imported from {import_dir}")
             curves, trials = curves + imported, trials + [None] * len(imported)
         else:
             engine = engine or WorkerEngine()
@@ -207,15 +209,14 @@ def command(ledger: Ledger, run_id: str | None, ask: Ask, branches: list[str], e
                 engine.allow(allowed(run_space(run), settings_of(run), hub.served(run.model, run.model_revision)))
                 for subject in subjects(ledger, run, branches, every):
                     curve = measure(run, subject, ask, engine, paths.home() / run.id / "capacity", say)
-                    store(ledger, run, curve, capacity.worth(curve, slo, ask.price_per_hour, ask.target_rate), ask,
-                          subject.trial, "measured")
+                    store(ledger, run, curve, judged(curve), ask, subject.trial, "measured")
                     curves.append(curve)
                     trials.append(subject.trial)
             finally:
                 engine.close()
     except (CapacityError, sweep.SweepError, hub.ModelUnavailable) as e:
         raise RunError(str(e), 1) from None
-    worths = [capacity.worth(c, slo, ask.price_per_hour, ask.target_rate) for c in curves]
+    worths = [judged(c) for c in curves]
     noise = run.noise if run.noise is not None else gate.noise_prior.sd
     lines = table(curves, worths, ask, noise)
     if export_dir is not None:
