@@ -113,6 +113,10 @@ def plan_line(p: dict) -> str:
                  f"(first decision in about {minutes(p['near_decided_in_s'])})" if looks else
                  f"; a {p['near_gain']:.2f}x gain at ±{p['near_noise']:.1%} noise cannot be decided within the "
                  f"held-out instances allowed")
+    if p.get("capacity_s"):
+        low, high = (minutes(x) for x in p["capacity_s"])
+        head += (f"; --capacity then measures the defaults and the first branch up {p['capacity_of']}: about "
+                 + (low if low == high else f"{low} to {high}"))
     if p["fits"] == "decision":
         return head
     need = p.get("need_s", p["decided_in_s"] + p["instance_s"])   # from the run's start

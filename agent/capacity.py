@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from sandbox.contract import Ladder, Workload
+
 LATENCIES = ("ttft_ms", "itl_ms", "latency_ms")
 SLO_FIELDS = {"ttft_p99_ms": "ttft_ms", "itl_p99_ms": "itl_ms", "e2e_p99_ms": "latency_ms"}
 
@@ -191,3 +193,35 @@ def as_dict(curve: Curve) -> dict:
 def from_dict(data: dict) -> Curve:
     rungs = tuple(Rung(r["load"], tuple(Repeat(**x) for x in r["repeats"])) for r in data["rungs"])
     return Curve(data["subject"], data["kind"], rungs, data.get("stopped", ""), data.get("devices", 1))
+
+
+def ladder_of(text: str, where: str = "--capacity") -> Ladder:
+    """--capacity's ladder: closed-loop streams (1,2,4,8) or open-loop requests/s (rate:0.5,1,2)."""
+    kind, body = ("rate", text.removeprefix("rate:")) if text.startswith("rate:") else ("concurrency", text)
+    try:
+        loads = [float(x) if kind == "rate" else int(x) for x in body.split(",")]
+    except ValueError:
+        raise ValueError(f"{where}: {text!r} is not loads like 1,2,4,8 (streams) or rate:0.5,1,2 "
+                         f"(requests/s)") from None
+    return Ladder.from_dict({"kind": kind, "loads": loads}, where)
+
+
+def estimate_s(timings: dict, workload: Workload, repeats: int, ladder: Ladder) -> tuple[float, float]:
+    """Seconds for both ladders (defaults and branch), from an instance of the defaults: each a server
+    start and teardown like theirs, and every rung's warm-ups and phases at the defaults' time a
+    request (their phases' own concurrency); the low end if a rung of C streams runs C/concurrency
+    times as fast, the high if no faster; open-loop rungs no shorter than their arrivals. A ladder that
+    stops early (tokens/s no longer rising, an SLO broken) takes less."""
+    per_request = timings.get("benchmark_s", 0.0) / max(1, repeats * workload.num_prompts)
+    fixed = timings.get("start_s", 0.0) + timings.get("teardown_s", 0.0)
+    low = high = fixed
+    for load in ladder.loads:
+        rung = ladder.at(workload, load)
+        serial = (rung.warmup_count() + repeats * rung.num_prompts) * per_request
+        if ladder.kind == "concurrency":
+            low += serial * min(1.0, workload.concurrency / load)
+            high += serial
+        else:
+            arrivals = (repeats + 1) * rung.num_prompts / load
+            low, high = low + arrivals, high + max(arrivals, serial)
+    return 2 * low, 2 * high

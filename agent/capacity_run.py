@@ -73,9 +73,13 @@ def subjects(ledger: Ledger, run: Run, branches: list[str], every: bool) -> list
     return found
 
 
-def measure(run: Run, subject: Subject, ask: Ask, engine, out_dir: Path, say: Callable[[str], None]) -> Curve:
+def measure(run: Run, subject: Subject, ask: Ask, engine, out_dir: Path, say: Callable[[str], None],
+            timeout_s: float = TIMEOUT_S) -> Curve:
     """The subject's ladder on `ask.instances` fresh servers; their repeats pooled rung by rung (a rung
-    one server did not reach has the others' repeats)."""
+    one server did not reach has the others' repeats). timeout_s: every server's ladder together."""
+    import time
+
+    until = time.monotonic() + timeout_s
     from sandbox.contract import load_workload
 
     used = settings_of(run)
@@ -93,7 +97,7 @@ def measure(run: Run, subject: Subject, ask: Ask, engine, out_dir: Path, say: Ca
         loads = ", ".join(f"{x:g}" for x in ask.loads)
         say(f"{subject.name}: fresh server {i + 1}/{ask.instances}, {ask.kind} {loads}")
         folder = out_dir / subject.name.replace("/", "_") / f"instance{i + 1}"
-        result = engine.evaluate(spec, folder, timeout_s=TIMEOUT_S)
+        result = engine.evaluate(spec, folder, timeout_s=max(1.0, until - time.monotonic()))
         if result.ladder is None or (not result.ok and not result.ladder["rungs"]):
             raise CapacityError(f"{subject.name}: server {i + 1} failed: {result.why()}")
         for rung in result.ladder["rungs"]:
@@ -178,9 +182,8 @@ def command(ledger: Ledger, run_id: str | None, ask: Ask, branches: list[str], e
     (agent.engine.WorkerEngine) unless a test gives its own."""
     from agent import paths, sweep
     from agent.engine import WorkerEngine
-    from agent.part import run_space
     from agent.recording import allowed
-    from agent.request import RunError
+    from agent.request import RunError, run_space
 
     run = ledger.run(run_id) if run_id else next(iter(ledger.runs()), None)
     if run is None:

@@ -118,9 +118,31 @@ def cache_paths(home: Path) -> list[Path]:
     return [home, vllm_cache]
 
 
+def shipped_files() -> list[Problem]:
+    """The shipped spaces and workloads, where this install keeps them (a wheel holds them as package data)."""
+    from agent import space as spaces
+    from sandbox.contract import load_workload
+
+    found = []
+    names = sorted(p.stem for p in spaces.SPACES.glob("*.yaml"))
+    if not names:
+        found.append(Problem(f"no shipped space in {spaces.SPACES}", "reinstall the agent (its wheel or checkout)"))
+    for name in names:
+        try:
+            spaces.load(name)
+        except spaces.SpaceError as e:
+            found.append(Problem(f"the shipped space {name}: {e}", "reinstall the agent"))
+    for name in ("default-cpu", "default"):
+        try:
+            load_workload(name)
+        except (OSError, ValueError) as e:
+            found.append(Problem(f"the shipped workload {name}: {e}", "reinstall the agent"))
+    return found
+
+
 def host_problems(home: Path) -> list[Problem]:
     engine, devices = engine_info()["name"], gpus()
-    found: list[Problem | None] = [engine_matches_host(engine, devices)]
+    found: list[Problem | None] = [*shipped_files(), engine_matches_host(engine, devices)]
     if engine is not None:
         found.append(engine_imports())
     found += [*gpu_memory_free(), transformers_recent(), *disk_free(cache_paths(home))]

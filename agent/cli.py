@@ -2,91 +2,44 @@
 
 `agent run`'s options are agent.request.RunRequest's fields; a run's own life (the search, a
 worker's trials, a resume) is agent.part's. A RunError from either is one line and an exit status.
+The `ledger` and `traffic` groups are agent.cli_ledger's and agent.cli_traffic's; what every command
+shares (errors, the storage, the ledger) is agent.cli_base's.
 """
 
 from __future__ import annotations
 
-import csv
 import errno
 import inspect
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import get_args, get_type_hints
 
 import typer
 from git import GitCommandError
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 from sqlalchemy.exc import OperationalError
 
 from agent import gitops, part, paths, recovery, report_text, views
 from agent import ledger as ledgers
 from agent import storage as storages
 from agent import study as studies
-from agent.request import RunError, RunRequest, Stopped, model_given, model_ready, prepare_run, served_model
+from agent.cli_base import chosen_run, fail, open_ledger, told, where
+from agent.cli_ledger import ledger_app
+from agent.cli_traffic import traffic_app
+from agent.request import RunRequest, prepare_run
 from agent.terminal import console, out, say
 from sandbox.contract import ModelError, default_model_dir, model_is_ready, prepare_model
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Search vLLM configurations on a real server; propose the winners as git branches.")
 model_app = typer.Typer(no_args_is_help=True, help="The embedded default model (Gemma 3 270M).")
-ledger_app = typer.Typer(help="Every trial of every run: table, JSON, CSV, one trial in full, or SQL.")
 app.add_typer(model_app, name="model")
 app.add_typer(ledger_app, name="ledger")
-traffic_app = typer.Typer(no_args_is_help=True, help="Traffic files: a synthetic one for users without logs.")
 app.add_typer(traffic_app, name="traffic")
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """One line, however long; the message is text, never markup (a table or run named "[/x]" is data)."""
-    console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
-@contextmanager
-def told() -> Iterator[None]:
-    """A RunError as one line and its exit status; a stop's line as it is, with 130."""
-    try:
-        yield
-    except Stopped as e:
-        console.print(str(e), highlight=False, markup=False)
-        raise typer.Exit(e.code) from None
-    except RunError as e:
-        raise fail(str(e), e.code) from None
-
-
-def where() -> storages.Storage:
-    """The run's storage: AGENT_STORAGE (or --storage, which sets it), else SQLite files under the home."""
-    with told():
-        return part.where()
-
-
-def open_ledger() -> ledgers.Ledger:
-    found = where()
-    if found.kind == "sqlite":
-        return ledgers.Ledger(paths.home() / "ledger.sqlite")
-    try:
-        storages.prepare(found)
-        return ledgers.Ledger(found.ledger_url)
-    except storages.StorageError as e:
-        raise fail(str(e), 1) from None
-    except OperationalError as e:
-        raise fail(f"--storage: cannot use {found.describe()}: {storages.first_line(e)}", 1) from None
-
-
-def chosen_run(ledger: ledgers.Ledger, run_id: str | None) -> ledgers.Run | None:
-    """The run a command is about: --run's, else the latest."""
-    if run_id:
-        return ledger.run(run_id)
-    runs = ledger.runs()
-    return runs[0] if runs else None
 
 
 @model_app.command("path")
@@ -96,36 +49,6 @@ def model_path() -> None:
     if not model_is_ready(folder):
         raise fail(f"the embedded model is not prepared in {folder}: run agent model prepare", 1)
     print(folder)
-
-
-@traffic_app.command("export")
-def traffic_export(
-    out_file: Path = typer.Argument(..., help="The dataset to write (JSONL: prompt and output_tokens a line)."),
-    branch: str = typer.Option(..., "--branch", help="The branch whose claim the dataset re-measures."),
-    traffic: Path = typer.Option(None, "--traffic", help="Your traffic file, the one the run measured (default: "
-                                                         "the run's own copy, or the shipped file it measured)."),
-    heldout: bool = typer.Option(True, "--heldout/--search", help="The held-out split (the claim's) or the search "
-                                                                  "split."),
-) -> None:
-    """A branch's split of your traffic as `vllm bench serve --dataset-name custom` reads it, for its bench.sh."""
-    from agent import export, morning
-    from sandbox.contract import load_workload
-
-    ledger = open_ledger()
-    try:
-        run_row, found = morning.results(ledger, branch)
-        source = traffic or Path(load_workload(ledger_workload(run_row)).traffic or "")
-        done = export.export(found, source, out_file, "heldout" if heldout else "search")
-    except (morning.BranchError, export.ExportError) as e:
-        raise fail(str(e), 1) from None
-    for line in done.lines(out_file):
-        out.print(line, highlight=False, markup=False)
-
-
-def ledger_workload(row: ledgers.Run):
-    from agent.context import settings_of
-
-    return settings_of(row).workload
 
 
 @model_app.command("prepare")
@@ -141,38 +64,6 @@ def model_prepare(force: bool = typer.Option(False, help="Rebuild even if the fo
     except (ModelError, ImportError, OSError) as e:
         raise fail(f"preparing {folder}: {e}", 1) from None
     console.print(f"ready: {folder} ({time.monotonic() - started:.0f} s)")
-
-
-@traffic_app.command("random")
-def traffic_random(
-    out: Path = typer.Argument(..., help="The traffic file to write (JSONL of OpenAI completions bodies)."),
-    input_len: int = typer.Option(256, help="Mean prompt length in the model's tokens (--random-input-len)."),
-    output_len: int = typer.Option(128, help="Mean output length in tokens (--random-output-len)."),
-    range_ratio: float = typer.Option(0.0, help="Lengths uniform within a share of the means (--random-range-ratio)."),
-    num_prompts: int = typer.Option(1000, help="How many requests (a goodput search wants hundreds)."),
-    seed: int = typer.Option(0, help="The draw's seed: the same seed, model and lengths write the same file."),
-    ignore_eos: bool = typer.Option(True, help="Generate each output to its drawn length (prompts end anywhere)."),
-    temperature: float = typer.Option(None, help="Sampling temperature (default: the server's, as vllm bench serve)."),
-    rate: float = typer.Option(None, help="Write a trace: each request a timestamp, this many requests/s on average "
-                                          "(for --arrivals trace)."),
-    burstiness: float = typer.Option(1.0, help="With --rate: the gaps' gamma shape, 1 Poisson, below 1 burstier "
-                                               "(vllm bench serve --burstiness)."),
-    model: str = typer.Option("embedded", help="Model folder whose tokenizer counts lengths; embedded: Gemma 3 270M"),
-) -> None:
-    """Write a synthetic traffic file from prompt and output length distributions, drawn by vLLM's
-    random dataset (as `vllm bench serve --dataset-name random`): for `agent run --traffic FILE`
-    until real traffic exists (docs/traffic.md)."""
-    from agent import synthetic
-
-    shape = synthetic.Shape(input_len, output_len, range_ratio, num_prompts, seed, ignore_eos, temperature,
-                            rate, burstiness)
-    try:
-        shape.check()
-    except ValueError as e:
-        raise fail(str(e)) from None
-    with told():
-        written = synthetic.write(shape, served_model(*model_ready(model_given(model), say)), out)
-    say(f"wrote {out}: {synthetic.described(written, shape)}")
 
 
 @app.command()
@@ -434,7 +325,8 @@ def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     for p in host_found:
         out.print(f"  problem: {p}", highlight=False, markup=False)
     if not host_found:
-        out.print("  host: engine imports, GPUs (if any) free, transformers recent, disk enough", highlight=False)
+        out.print("  host: shipped spaces and workloads read, engine imports, GPUs (if any) free, transformers recent, "
+                  "disk enough", highlight=False)
     ledger = open_ledger()
     row = chosen_run(ledger, run_id)
     if row is None and not run_id:
@@ -450,73 +342,6 @@ def doctor(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     if found or host_found:
         raise typer.Exit(1)
     out.print("  consistent: ledger, study and branches agree; no trial process left")
-
-
-@ledger_app.callback(invoke_without_command=True)
-def ledger_list(
-    ctx: typer.Context,
-    run_id: str = typer.Option(None, "--run", help="Only this run (default: all)."),
-    status: str = typer.Option(None, help="ok, failed, skipped, interrupted or running."),
-    best: bool = typer.Option(False, help="Only accepted trials, best first."),
-    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
-    as_csv: bool = typer.Option(False, "--csv", help="CSV instead of a table."),
-) -> None:
-    """Trials as a table (default), JSON or CSV."""
-    if ctx.invoked_subcommand:
-        return
-    rows = open_ledger().trials(run_id, status)
-    if best:
-        rows = sorted((t for t in rows if t.gate_passed), key=lambda t: -(t.figure or 0))
-    if as_json:
-        out.print_json(ledgers.to_json(rows))
-        return
-    if as_csv:
-        writer = csv.writer(sys.stdout)
-        writer.writerow(views.LISTED)
-        writer.writerows([[getattr(t, c) for c in views.LISTED] for t in rows])
-        return
-    table = Table(*views.LISTED)
-    for t in rows:
-        table.add_row(*("" if getattr(t, c) is None else str(getattr(t, c)) for c in views.LISTED))
-    out.print(table)
-
-
-@ledger_app.command("show")
-def ledger_show(number: int, run_id: str = typer.Option(None, "--run", help="Run id (default: the latest).")) -> None:
-    """One trial in full: config, figures, gate verdict, failure and log tail, rationale."""
-    ledger = open_ledger()
-    runs = ledger.runs()
-    if not runs:
-        raise fail("the ledger has no runs yet")
-    run_id = run_id or runs[0].id
-    trial = ledger.trial(run_id, number)
-    if trial is None:
-        raise fail(f"run {run_id} has no trial {number}")
-    data = ledgers.as_dict(trial)
-    by_instance: dict[int, list[float]] = {}
-    for r in ledger.repeats(trial.id):   # 0: the trial's own server; 1, 2, ...: its held-out servers
-        by_instance.setdefault(r.instance, []).append(r.figure)
-    data["repeat_figures"] = by_instance.get(0, [])
-    data["heldout_repeat_figures"] = [by_instance[k] for k in sorted(by_instance) if k > 0]
-    out.print_json(json.dumps(data, default=str))
-
-
-@ledger_app.command("sql")
-def ledger_sql(query: str) -> None:
-    """Read-only SQL over the ledger (tables: runs, trials, workers, repeats, planner_calls, narrowings,
-    learned_rules)."""
-    import sqlite3
-
-    from sqlalchemy.exc import DBAPIError
-
-    try:
-        columns, rows = open_ledger().sql(query)
-    except (sqlite3.Error, DBAPIError, ValueError) as e:
-        raise fail(f"sql: {storages.first_line(e)}") from None
-    table = Table(*(escape(str(c)) for c in columns))
-    for r in rows:   # cells are data: "[rank0]: CUDA error" is printed as it is, never read as markup
-        table.add_row(*(Text("" if v is None else str(v)) for v in r))
-    out.print(table)
 
 
 # A write that fails for want of space: the disk or a quota full, or a file past the size limit.

@@ -81,6 +81,9 @@ class Inputs:
     objective: str | None = None
     num_prompts: int | None = None
     slo_e2e_p99_ms: float | None = None
+    capacity: str | None = None            # --capacity: the ladder measured after the first branch (agent.branch_worth)
+    price_per_hour: float | None = None    # --price-per-hour and --target-rate: what --capacity's figures cost
+    target_rate: float | None = None
 
 
 def stored(settings: Settings, inputs: Inputs | None = None) -> dict:

@@ -173,73 +173,86 @@ def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:
 
 def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> bool:
     """The decision: fresh instances of the candidate on prompts the search never saw, against the
-    defaults' instances on the same prompts, as many as the sequential test needs."""
-    from sandbox.contract import load_workload
+    defaults' instances on the same prompts, as many as the sequential test needs (gate.decide asks
+    for each next one)."""
+    servers = HeldOutServers(ctx, seams, row, history)
+    try:
+        first = servers.candidate()
+    except MeasureFailed as e:
+        seams.ledger.transition(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
+        return False
+    decision = gate.decide(first, base, ctx.settings.gate, servers.candidate, servers.defaults, row.search_ratio)
+    c = decision.comparison
+    values = sorted(decision.candidate)
+    seams.ledger.transition(
+        row, heldout_instances=[round(x, 3) for x in decision.candidate],
+        heldout_figure=round(values[len(values) // 2], 3), heldout_ratio=round(c.ratio, 4),
+        heldout_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=decision.accepted,
+        decision="accepted" if decision.accepted else "refused", gate_reasons=decision.reasons,
+        timings={**row.timings, "recheck_s": round(sum(servers.times), 1), "recheck_first_s": servers.times[0]})
+    return decision.accepted
 
-    run, ledger, say = ctx.run, seams.ledger, seams.say
-    meter = load_workload(ctx.settings.workload).with_split("heldout")
-    inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
-    times: list[float] = []
-    measured: list[TrialResult] = []
 
-    def instance(target: Trial, n: int, like: Trial = row) -> float:
-        """The n-th fresh server of `target` measured on the held-out prompts: its figure. Under goodput
-        its search starts where the config's search figure is, as the A/A's held-out phase does on its
-        own server: the candidate's own, or the defaults' for an extra instance of them."""
-        suffix = f"-{n}" if target is row else ""   # an extra instance of the defaults is its row's only one
-        # As long as the slowest held-out instance so far, or as the config's own measured phases: an
-        # instance of the defaults can be slower than the candidate's (a fresh clone's was killed at
-        # its deadline when the candidate's held-out time stood for it).
-        needed = max([*times, heldout_s(like, ctx.heldout_points)])
-        if clock.seconds_left(run.deadline_at) < needed:
-            raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
-                                f"needed, {clock.seconds_left(run.deadline_at):.0f} s left)")
-        say("phase", number=row.number, phase=f"held-out instance {suffix}")
-        start = (row.figure if target is row else goodput_start(history)) if goodput_start(history) else None
-        result = measure(ctx, seams, target, max(clock.seconds_left(run.deadline_at), 1),
-                         suffix=f"-heldout{suffix}", workload=inline, quality="none",
-                         stop_rules={"goodput_start": start or None})
-        times.append(result.timings["total_s"])
-        if not result.ok or result.bench is None:
-            raise MeasureFailed(f"a held-out instance failed: {result.why()[:300]}")
-        measured.append(result)
-        ledger.add_repeats(target.id, n, result.bench.repeat_figures)
-        return result.bench.value
+class HeldOutServers:
+    """The fresh servers of one held-out decision, each measured on the held-out prompts: the candidate's
+    next instance, or an extra instance of the defaults (a row of its own); every one's time kept."""
 
-    defaults_row = next(t for t in history if t.source == Source.BASELINE)
+    def __init__(self, ctx: RunContext, seams: Seams, row: Trial, history: list[Trial]):
+        from sandbox.contract import load_workload
 
-    def more_defaults() -> float:
-        extra = ledger.add_trial(Trial(run_id=run.id, source="extra", params={}, worker_id=ctx.worker_id,
-                                 flags=defaults_row.flags, env=defaults_row.env, lossless=True,
-                                 rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
+        self.ctx, self.seams, self.row, self.history = ctx, seams, row, history
+        meter = load_workload(ctx.settings.workload).with_split("heldout")
+        self.inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
+        self.times: list[float] = []
+        self.count = 0   # the candidate's instances so far
+
+    def candidate(self) -> float:
+        self.count += 1
+        return self._instance(self.row, self.count, self.row)[1]
+
+    def defaults(self) -> float:
+        """An extra instance of the defaults, recorded as its own row (source extra)."""
+        ledger, row = self.seams.ledger, self.row
+        base = next(t for t in self.history if t.source == Source.BASELINE)
+        extra = ledger.add_trial(Trial(
+            run_id=self.ctx.run.id, source="extra", params={}, worker_id=self.ctx.worker_id, flags=base.flags,
+            env=base.env, lossless=True,
+            rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
-            figure = instance(extra, 1, like=defaults_like(history, ctx.heldout_points))
+            like = defaults_like(self.history, self.ctx.heldout_points)
+            result, figure = self._instance(extra, 1, like)
         except MeasureFailed as e:
             finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
             raise
-        result = measured[-1]
         finish(ledger, extra, status="ok", heldout_figure=figure, decision="extra", constraint=0.0,
                meter=result.workload, timings=result.timings, log_path=result.log_path,
                gate_reasons=[f"extra instance of the defaults for trial {row.number}'s held-out decision"])
         return figure
 
-    counter = iter(range(2, 1000))
-    try:
-        first = instance(row, 1)
-    except MeasureFailed as e:
-        ledger.transition(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
-        return False
-    first_s = times[0]
-    decision = gate.decide(first, base, ctx.settings.gate, lambda: instance(row, next(counter)),
-                           more_defaults, row.search_ratio)
-    c = decision.comparison
-    values = sorted(decision.candidate)
-    ledger.transition(row, heldout_instances=[round(x, 3) for x in decision.candidate],
-                  heldout_figure=round(values[len(values) // 2], 3), heldout_ratio=round(c.ratio, 4),
-                  heldout_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=decision.accepted,
-                  decision="accepted" if decision.accepted else "refused", gate_reasons=decision.reasons,
-                  timings={**row.timings, "recheck_s": round(sum(times), 1), "recheck_first_s": first_s})
-    return decision.accepted
+    def _instance(self, target: Trial, n: int, like: Trial) -> tuple[TrialResult, float]:
+        """The n-th fresh server of `target` measured on the held-out prompts: its result and figure. Under
+        goodput its search starts where the config's search figure is, as the A/A's held-out phase does
+        on its own server: the candidate's own, or the defaults' for an extra instance of them."""
+        ctx, row, run = self.ctx, self.row, self.ctx.run
+        suffix = f"-{n}" if target is row else ""   # an extra instance of the defaults is its row's only one
+        # As long as the slowest held-out instance so far, or as the config's own measured phases: an
+        # instance of the defaults can be slower than the candidate's (a fresh clone's was killed at
+        # its deadline when the candidate's held-out time stood for it).
+        needed = max([*self.times, heldout_s(like, ctx.heldout_points)])
+        if clock.seconds_left(run.deadline_at) < needed:
+            raise MeasureFailed(f"the budget ends before another instance could finish (about {needed:.0f} s "
+                                f"needed, {clock.seconds_left(run.deadline_at):.0f} s left)")
+        self.seams.say("phase", number=row.number, phase=f"held-out instance {suffix}")
+        known = goodput_start(self.history)
+        start = (row.figure if target is row else known) if known else None
+        result = measure(ctx, self.seams, target, max(clock.seconds_left(run.deadline_at), 1),
+                         suffix=f"-heldout{suffix}", workload=self.inline, quality="none",
+                         stop_rules={"goodput_start": start or None})
+        self.times.append(result.timings["total_s"])
+        if not result.ok or result.bench is None:
+            raise MeasureFailed(f"a held-out instance failed: {result.why()[:300]}")
+        self.seams.ledger.add_repeats(target.id, n, result.bench.repeat_figures)
+        return result, result.bench.value
 
 
 def branch(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> None:

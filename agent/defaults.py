@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 
 from agent import budget, clock, gate, greedy, objective
-from agent.context import RunContext, Seams
+from agent.context import RunContext, Seams, inputs_of
 from agent.gate import Baseline, GateSettings, Instance
 from agent.ledger import Trial
 from agent.recording import measure, open_trial, record
@@ -135,6 +135,15 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
             ledger.transition(t, search_ratio=round(t.figure / base.figure, 4),
                           ppl_change=round(t.ppl / base.ppl - 1, 5),
                           gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
+    record_baseline(ctx, seams, base, verdict)
+    if plan:   # at the noise measured now: how many looks a gain near it takes
+        say("plan", **plan)
+    return base
+
+
+def record_baseline(ctx: RunContext, seams: Seams, base: Baseline, verdict: gate.AAVerdict) -> None:
+    """The baseline's figure, perplexity, noise and calibration on the run's row, and said."""
+    run, ledger, say = ctx.run, seams.ledger, seams.say
     noise = base.measured_noise   # what this machine showed; the bounds add the space's prior (base.noise)
     ledger.update(run, baseline_figure=round(base.figure, 3), baseline_ppl=base.ppl, noise=round(noise.sd, 5),
                   noise_df=noise.df, calibration={**(run.calibration or {}), **base.calibration.as_dict(),
@@ -142,9 +151,6 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     say("baseline", figure=base.figure, ppl=base.ppl, noise=noise.sd, df=noise.df, instances=base.search,
         calibration=base.calibration.as_dict(), unit=objective.of_run(run).unit,
         prior=(base.prior.sd, base.prior.df), bound_noise=base.noise.sd)
-    if plan:   # at the noise measured now: how many looks a gain near it takes
-        say("plan", **plan)
-    return base
 
 
 def no_more_defaults(run, aa: Trial) -> str | None:
@@ -179,7 +185,22 @@ def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: 
                           candidate_share=min(1.0, budget.CANDIDATE_POINTS / points) if points else 1.0)
     if hopeful["fits"] != "decision":
         raise BudgetTooShort(budget.plan_line(plan) + "; stopped here rather than spend the rest")
-    return {**plan, "upper_bound": plan["fits"] != "decision"}
+    return {**plan, "upper_bound": plan["fits"] != "decision", **capacity_cost(ctx, last)}
+
+
+def capacity_cost(ctx: RunContext, last: Trial) -> dict:
+    """--capacity's cost from this instance of the defaults (agent.capacity.estimate_s), for the plan line."""
+    from agent import capacity
+    from sandbox.contract import load_workload
+
+    given = inputs_of(ctx.run).capacity
+    if not given:
+        return {}
+    ladder = capacity.ladder_of(given)
+    meter = load_workload(ctx.settings.workload)
+    low, high = capacity.estimate_s(last.timings, meter, ctx.settings.repeats, ladder)
+    return {"capacity_of": f"{ladder.kind} {','.join(f'{x:g}' for x in ladder.loads)}",
+            "capacity_s": [round(low), round(high)]}
 
 
 def goodput_start(history: list[Trial]) -> float | None:

@@ -19,7 +19,7 @@ import shlex
 
 import yaml
 
-from agent.results_file import Results
+from agent.results_file import CapacityFigures, Results
 
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # Read alike by docker's --env-file (the rest of the line, as is), systemd (which would unquote, unescape
@@ -223,8 +223,32 @@ def readme(results: Results, branch: str) -> str:
     lines += ["Check the claim with vLLM's own benchmark: `agent traffic export --branch " + branch +
               " heldout.jsonl`, start the server, then `DATASET=heldout.jsonl MODEL=<model> serving/bench.sh`.",
               "Every figure and setting: serving/results.json (schema: docs/results-v1.schema.json in agent)."]
+    if results.capacity is not None:
+        lines += ["", *worth_lines(results.capacity)]
     if s.max_model_len:
         lines += ["", f"Serves a context of {s.max_model_len} tokens"
                   + (f" (measured at {results.measurement.max_model_len})"
                      if results.measurement.max_model_len not in (None, s.max_model_len) else "") + "."]
     return "\n".join(lines) + "\n"
+
+
+def worth_lines(w: CapacityFigures) -> list[str]:
+    """What the win is worth under load, in the branch's README: each config at its operating point."""
+    unit = "stream(s)" if w.kind == "concurrency" else "req/s"
+    loads = ", ".join(f"{x:g}" for x in w.loads)
+    lines = [f"What it is worth under load (fresh servers, {w.kind} {loads}; `{w.again}` measures it again):", ""]
+    for name, c in (("defaults", w.defaults), ("this config", w.config)):
+        if c.point is None:
+            lines.append(f"- {name}: no operating point ({c.stopped})")
+            continue
+        rung = next(r for r in c.rungs if r.load == c.point)
+        line = (f"- {name}: at its {c.point_is} ({c.point:g} {unit}) {rung.output_tps:.2f} output tok/s, "
+                f"{c.tokens_per_device_hour:,.0f} output tokens a device-hour")
+        if c.cost_per_m_output is not None:
+            line += f", ${c.cost_per_m_output:.2f} per million output tokens at ${w.price_per_hour:g} an hour"
+        if c.servers is not None:
+            line += f"; {c.servers} server(s) for {w.target_rate:g} req/s"
+        lines.append(line)
+    if w.tokens_per_device_hour_ratio is not None:
+        lines.append(f"- {w.tokens_per_device_hour_ratio:.2f}x the defaults' output tokens a device-hour")
+    return lines

@@ -3,7 +3,8 @@
 Each accepted candidate becomes `agent/<run-id>/<trial>` off the repository's current HEAD,
 built with plumbing: blobs and a tree through a private index file, a commit with commit-tree,
 and the ref created by update-ref with an all-zero old value, so an existing branch (ours from an
-earlier attempt, or anyone's) is never overwritten.
+earlier attempt, or anyone's) is never overwritten. A later commit on such a branch (what the win is
+worth, `agent run --capacity`) moves it only from the commit the ledger names.
 """
 
 from __future__ import annotations
@@ -71,11 +72,27 @@ def commit_branch(repo: git.Repo, branch: str, files: dict[str, tuple[str, bool]
     """Commit files ({path: (text, executable)}) on top of HEAD as a new branch; return the commit."""
     if not branch.startswith(PREFIX):
         raise RepoError(f"branch {branch!r} is not under {PREFIX}")
-    head = repo.head.commit.hexsha
+    commit = _commit(repo, repo.head.commit.hexsha, files, message)
+    _move(repo, branch, commit, ZERO)   # create only; never overwrite
+    return commit
+
+
+def add_commit(repo: git.Repo, branch: str, parent: str, files: dict[str, tuple[str, bool]], message: str) -> str:
+    """Commit files on top of `parent`, the branch's head as the ledger names it, and move the branch
+    there only if it is still at `parent` (a branch moved by anyone since is left alone: RepoError)."""
+    if not branch.startswith(PREFIX):
+        raise RepoError(f"branch {branch!r} is not under {PREFIX}")
+    commit = _commit(repo, parent, files, message)
+    _move(repo, branch, commit, parent)
+    return commit
+
+
+def _commit(repo: git.Repo, parent: str, files: dict[str, tuple[str, bool]], message: str) -> str:
+    """A commit of parent's tree with files written over it, made without touching the user's index."""
     env = {**os.environ, **IDENTITY}
     with tempfile.TemporaryDirectory() as tmp:
         env["GIT_INDEX_FILE"] = str(Path(tmp) / "index")  # a private index: the user's stays untouched
-        repo.git.read_tree(head, env=env)
+        repo.git.read_tree(parent, env=env)
         for rel, (content, executable) in sorted(files.items()):
             blob_path = Path(tmp) / "blob"
             blob_path.write_text(content)
@@ -83,16 +100,21 @@ def commit_branch(repo: git.Repo, branch: str, files: dict[str, tuple[str, bool]
             mode = "100755" if executable else "100644"
             repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{rel}", env=env)
         tree = repo.git.write_tree(env=env)
-    commit = repo.git.commit_tree(tree, "-p", head, "-m", message, "--no-gpg-sign", env=env)
+    return repo.git.commit_tree(tree, "-p", parent, "-m", message, "--no-gpg-sign", env=env)
+
+
+def _move(repo: git.Repo, branch: str, commit: str, was: str) -> None:
+    """The branch to commit, only where it is at `was` (ZERO: only where it does not exist)."""
     try:
-        repo.git.update_ref(f"refs/heads/{branch}", commit, ZERO)  # create only; never overwrite
+        repo.git.update_ref(f"refs/heads/{branch}", commit, was)
     except git.GitCommandError as e:
         said = "; ".join(line.strip() for line in str(e.stderr).strip().strip("'").splitlines() if line.strip())
         said = said.removeprefix("stderr: ").strip("'")[:200]
-        if any(h.name == branch for h in repo.heads):
+        if was == ZERO and any(h.name == branch for h in repo.heads):
             raise RepoError(f"branch {branch} already exists; not overwritten ({said})") from None
+        if was != ZERO:
+            raise RepoError(f"branch {branch} is no longer at {was[:10]}; not moved ({said})") from None
         raise RepoError(f"branch {branch} could not be created: {said}") from None
-    return commit
 
 
 def branches(repo: git.Repo) -> list[str]:

@@ -16,79 +16,98 @@ from agent.states import Decision, Status
 from sandbox.contract import goodput_lower_bound
 
 
+def _run(info: dict) -> str:
+    return f"run {info['id']}: budget {info['budget']} (until {info['deadline']}), {info['space']}, {info['workload']}"
+
+
+def _trial(info: dict) -> str:
+    params = refusals.describe(info["params"]) or "engine defaults"
+    best = f"best {info['best']:.3f}x" if info.get("best") else "no accepted config yet"
+    why = f"\n    why: {info['rationale']}" if info.get("rationale") and info["source"] == "planner" else ""
+    line = f"trial {info['number']} [{info['source']}] ({info['left_s'] / 60:.0f} min left, {best}): {params}"
+    return escape(line + why)
+
+
+def _baseline(info: dict) -> str:
+    instances = ", ".join(f"{x:.2f}" for x in info["instances"])
+    cal = info["calibration"]
+    rule = (f"greedy rule {cal['rule']}, tau {cal['tau']:.3f} nats, up to {cal['flips_allowed']} near-tie flips"
+            if cal["rule"] == "calibrated" else "greedy rule exact")
+    prior = (f"; with the space's prior ±{info['prior'][0]:.1%} worth {info['prior'][1]} df, bounds use "
+             f"±{info['bound_noise']:.1%}" if info.get("prior") and info["prior"][1] else "")
+    return escape(f"baseline: {info['figure']:.2f} {info.get('unit', 'tok/s')} "
+                  f"(instances {instances}; noise ±{info['noise']:.1%} "
+                  f"log-sd, {info['df']} df{prior}), ppl {info['ppl']:.4f}; {rule}")
+
+
+def _verdict(t) -> str:
+    """What became of a measured candidate: branched, dominated, waiting for its branch, or rejected."""
+    if t.branch:
+        return f"[green]accepted[/] {t.branch}"
+    if t.decision == Decision.DOMINATED:
+        return "accepted but " + escape(t.gate_reasons[-1][:200])
+    if t.decision == Decision.ACCEPTED:   # a git error kept its branch: the resume commits it
+        return ("[yellow]accepted, not branched yet[/]: " + escape(t.gate_reasons[-1][:200])
+                + f" (agent run --resume {t.run_id} commits it)")
+    return "rejected: " + escape("; ".join(t.gate_reasons)[:240])
+
+
+def _result(info: dict) -> str:
+    t = info["row"]
+    u = objective.of(t.meter).unit
+    if t.decision == Decision.SPEED_ONLY:
+        return f"trial {t.number}: {t.figure:.2f} {u} ({t.search_ratio:.3f}x); rejected: {escape(t.gate_reasons[0])}"
+    if t.status == Status.PRUNED:
+        return f"trial {t.number} [yellow]pruned[/] at {t.figure:.2f} {u}: {escape((t.gate_reasons or [''])[0])}"
+    if t.status != Status.OK:
+        return f"trial {t.number} [red]{t.failure_class}[/]: {escape((t.failure_message or '')[:160])}"
+    held = (f", held-out {t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
+            if t.heldout_ratio is not None and t.heldout_interval else "")
+    flips = f", {len(t.flips)} near-tie flip(s)" if t.flips else ""
+    floor = (" (a lower bound: no load this split could judge broke it)"
+             if goodput_lower_bound((t.measured or {}).get("goodput")) else "")
+    return (f"trial {t.number}: {t.figure:.2f} {u}{floor} ({t.search_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
+            f"agreement {t.agreement:.0%}{flips}; {_verdict(t)}")
+
+
+def _fewer_defaults(info: dict) -> str:
+    return (f"the defaults' noise, ±{info['noise']:.1%} log-sd over {info['instances']} instances, would call for "
+            f"another instance of them, but {info.get('why') or 'then no first decision would fit the budget'}: "
+            f"going on with these")
+
+
+def _planner_fallback(info: dict) -> str:
+    until = "for the rest of the run" if info["permanent"] else "for this round"
+    return escape(f"planner {info['planner']} unavailable ({info['reason'][:160]}); built-in planner {until}")
+
+
+# Each event's console line (events.jsonl keeps every event whole); an event not here has none.
+LINES: dict[str, Callable[[dict], str]] = {
+    "run": _run,
+    "trial": _trial,
+    "phase": lambda i: f"  [dim]trial {i['number']}: {i['phase']}[/]",
+    "baseline": _baseline,
+    "plan": lambda i: escape(plan_line(i)),
+    "fewer_defaults": _fewer_defaults,
+    "aa": lambda i: escape(i["line"]),
+    "drift": lambda i: f"drift check: defaults at {i['factor']:.3f}x of the baseline; correction {i['applied']}",
+    "result": _result,
+    "learned": lambda i: escape(f"learned from trial {i['number']}: vLLM refuses {i['settings']} ({i['how']}); "
+                                f"later points with these settings are skipped (rule {i['rule']})"),
+    "preflight_off": lambda i: escape(f"pre-flight off for this run: it refused the defaults themselves "
+                                      f"({i['reason'][:200]})"),
+    "lost": lambda i: escape(i["line"]),          # another process's silence
+    "superseded": lambda i: escape(i["line"]),    # this one's
+    "capacity": lambda i: escape(i["line"]),      # agent run --capacity: what the first branch is worth
+    "workers": lambda i: escape(f"{i['count']} workers: {', '.join(i['devices'])}"),
+    "waiting": lambda i: escape(f"waiting for {i['what']}"),
+    "planner_fallback": _planner_fallback,
+}
+
+
 def _line(event: str, info: dict) -> str | None:
-    if event == "run":
-        return (f"run {info['id']}: budget {info['budget']} (until {info['deadline']}), "
-                f"{info['space']}, {info['workload']}")
-    if event == "trial":
-        params = refusals.describe(info["params"]) or "engine defaults"
-        best = f"best {info['best']:.3f}x" if info.get("best") else "no accepted config yet"
-        why = f"\n    why: {info['rationale']}" if info.get("rationale") and info["source"] == "planner" else ""
-        line = f"trial {info['number']} [{info['source']}] ({info['left_s'] / 60:.0f} min left, {best}): {params}"
-        return escape(line + why)
-    if event == "phase":
-        return f"  [dim]trial {info['number']}: {info['phase']}[/]"
-    if event == "baseline":
-        instances = ", ".join(f"{x:.2f}" for x in info["instances"])
-        cal = info["calibration"]
-        rule = (f"greedy rule {cal['rule']}, tau {cal['tau']:.3f} nats, up to {cal['flips_allowed']} near-tie flips"
-                if cal["rule"] == "calibrated" else "greedy rule exact")
-        prior = (f"; with the space's prior ±{info['prior'][0]:.1%} worth {info['prior'][1]} df, bounds use "
-                 f"±{info['bound_noise']:.1%}" if info.get("prior") and info["prior"][1] else "")
-        return escape(f"baseline: {info['figure']:.2f} {info.get('unit', 'tok/s')} "
-                      f"(instances {instances}; noise ±{info['noise']:.1%} "
-                      f"log-sd, {info['df']} df{prior}), ppl {info['ppl']:.4f}; {rule}")
-    if event == "plan":
-        return escape(plan_line(info))
-    if event == "fewer_defaults":
-        return (f"the defaults' noise, ±{info['noise']:.1%} log-sd over {info['instances']} instances, would call for "
-                f"another instance of them, but {info.get('why') or 'then no first decision would fit the budget'}: "
-                f"going on with these")
-    if event == "aa":
-        return escape(info["line"])
-    if event == "drift":
-        return f"drift check: defaults at {info['factor']:.3f}x of the baseline; correction {info['applied']}"
-    if event == "result":
-        t = info["row"]
-        u = objective.of(t.meter).unit
-        if t.decision == Decision.SPEED_ONLY:
-            return (f"trial {t.number}: {t.figure:.2f} {u} ({t.search_ratio:.3f}x); "
-                    f"rejected: {escape(t.gate_reasons[0])}")
-        if t.status == Status.PRUNED:
-            return f"trial {t.number} [yellow]pruned[/] at {t.figure:.2f} {u}: {escape((t.gate_reasons or [''])[0])}"
-        if t.status != Status.OK:
-            return f"trial {t.number} [red]{t.failure_class}[/]: {escape((t.failure_message or '')[:160])}"
-        if t.branch:
-            verdict = f"[green]accepted[/] {t.branch}"
-        elif t.decision == Decision.DOMINATED:
-            verdict = "accepted but " + escape(t.gate_reasons[-1][:200])
-        elif t.decision == Decision.ACCEPTED:   # a git error kept its branch: the resume commits it
-            verdict = ("[yellow]accepted, not branched yet[/]: " + escape(t.gate_reasons[-1][:200])
-                       + f" (agent run --resume {t.run_id} commits it)")
-        else:
-            verdict = "rejected: " + escape("; ".join(t.gate_reasons)[:240])
-        held = (f", held-out {t.heldout_ratio:.3f}x [{t.heldout_interval[0]:.3f}, {t.heldout_interval[1]:.3f}]"
-                if t.heldout_ratio is not None and t.heldout_interval else "")
-        flips = f", {len(t.flips)} near-tie flip(s)" if t.flips else ""
-        floor = (" (a lower bound: no load this split could judge broke it)"
-                 if goodput_lower_bound((t.measured or {}).get("goodput")) else "")
-        return (f"trial {t.number}: {t.figure:.2f} {u}{floor} ({t.search_ratio:.3f}x){held}, ppl {t.ppl_change:+.2%}, "
-                f"agreement {t.agreement:.0%}{flips}; {verdict}")
-    if event == "learned":
-        return escape(f"learned from trial {info['number']}: vLLM refuses {info['settings']} ({info['how']}); "
-                      f"later points with these settings are skipped (rule {info['rule']})")
-    if event == "preflight_off":
-        return escape(f"pre-flight off for this run: it refused the defaults themselves ({info['reason'][:200]})")
-    if event in ("lost", "superseded"):   # another process's silence, or this one's
-        return escape(info["line"])
-    if event == "workers":
-        return escape(f"{info['count']} workers: {', '.join(info['devices'])}")
-    if event == "waiting":
-        return escape(f"waiting for {info['what']}")
-    if event == "planner_fallback":
-        until = "for the rest of the run" if info["permanent"] else "for this round"
-        return escape(f"planner {info['planner']} unavailable ({info['reason'][:160]}); built-in planner {until}")
-    return None
+    shown = LINES.get(event)
+    return shown(info) if shown else None
 
 
 class PhaseDisplay:

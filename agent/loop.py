@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from agent import budget, clock, crew, views
+from agent import branch_worth, budget, clock, crew, points, views
 from agent import study as studies
 from agent.context import RunContext, Seams
 from agent.decision import (
@@ -38,6 +38,7 @@ from agent.defaults import (
 from agent.gate import Baseline
 from agent.ledger import LearnedRule, Ledger, RangeChange, Run, Trial, Worker, utcnow
 from agent.planner import BuiltinPlanner, Planner
+from agent.points import Point
 from agent.recording import Superseded, finish, open_trial
 from agent.screening import excluded, facts_for, learn, refusal_check
 from agent.space import Space
@@ -92,6 +93,9 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
     while True:
         now = Snapshot.read(ctx, ledger)
         seen, since_planner = studies.told_so_far(study, settings.sampler_per_planner)
+        if worth_it := branch_worth.due(ctx, seams, now.history):   # --capacity: what the first branch is worth
+            branch_worth.measure_into(ctx, seams, worth_it)
+            continue
         if now.over(ctx):
             break
         if crew.bury(ledger, ctx.run, study, ctx.home, seams.say):
@@ -168,12 +172,12 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
     # engine defaults); the sampler's own trials walk the whole space, within any narrowed range.
     point = ({n: ctx.space.knobs[n].suggest(trial) for n in trial.user_attrs["knobs"]}
              if "knobs" in trial.user_attrs else sampler_space.sample(trial))
-    key = repr(sorted(point.items()))
+    key = Point.of(point)
     if key in seen:  # TPE repeats itself near the end; a repeat costs nothing to answer
         studies.tell(study, trial, *seen[key])
         return False
     if other := next((t for t in now.history
-                      if t.status == Status.RUNNING and repr(sorted(t.params.items())) == key), None):
+                      if t.status == Status.RUNNING and Point.of_row(t) == key), None):
         # Another worker measures this very point now: no second server for it, and nothing to learn.
         studies.fail(study, trial.number)
         say("duplicate", number=other.number)
@@ -257,18 +261,19 @@ def cut_once(history: list[Trial], seen: dict) -> Trial | None:
     """A candidate a crash cut before it was measured, cut once and not measured since: measured again
     (a crash costs no candidate; the sampler would not draw it again). Cut twice, it is left alone: a
     point that takes the agent down with it must not do so all night."""
-    key = lambda t: repr(sorted(t.params.items()))  # noqa: E731
     cuts = [t for t in history if t.source in CANDIDATES and t.status == Status.INTERRUPTED]
+    times = points.interruptions(cuts)
     for t in cuts:
-        again = [u for u in history if u.number > t.number and key(u) == key(t)]
-        if key(t) not in seen and not again and sum(key(u) == key(t) for u in cuts) == 1:
+        point = Point.of_row(t)
+        again = any(u.number > t.number and Point.of_row(u) == point for u in history)
+        if point not in seen and not again and times[point] == 1:
             return t
     return None
 
 
 def next_near(near: list[dict], seen: dict, space: Space) -> dict | None:
     """The next single-knob point not yet answered and inside any range a planner narrowed."""
-    return next((p for p in near if repr(sorted(p.items())) not in seen and not space.problems(p)), None)
+    return next((p for p in near if Point.of(p) not in seen and not space.problems(p)), None)
 
 
 def spent(history: list[Trial], max_trials: int | None) -> bool:
@@ -277,16 +282,7 @@ def spent(history: list[Trial], max_trials: int | None) -> bool:
     point cut again counts, so a run whose trials keep being cut still stops."""
     if max_trials is None:
         return False
-    cut, count = set(), 0
-    for t in history:
-        if t.source not in CANDIDATES or t.status == Status.SKIPPED:
-            continue
-        point = repr(sorted((t.params or {}).items()))
-        if t.status == Status.INTERRUPTED and point not in cut:
-            cut.add(point)
-            continue
-        count += 1
-    return count >= max_trials
+    return points.counted(t for t in history if t.source in CANDIDATES and t.status != Status.SKIPPED) >= max_trials
 
 
 def narrowed(space: Space, changes: list[RangeChange]) -> Space:

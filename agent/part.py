@@ -26,7 +26,7 @@ from agent import storage as storages
 from agent import study as studies
 from agent.context import Inputs, RunContext, Seams, Settings, inputs_of, settings_of
 from agent.log import event_logger
-from agent.request import RunError, Stopped, choices, facts, load_space, served_model
+from agent.request import RunError, Stopped, choices, facts, run_space, served_model
 from agent.states import Decision
 from agent.terminal import console, say
 from sandbox.contract import prepare_model
@@ -344,15 +344,6 @@ def _inputs_changed(row: ledgers.Run) -> str | None:
     except (OSError, ValueError) as e:
         return f"a file it reads ({e})"
     return None
-
-
-def run_space(row: ledgers.Run) -> spaces.Space:
-    """The space a run searches, as its row has it: its file (the shipped one of that name where the
-    path is another host's), its drafts, its exactness and its context length."""
-    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
-    inputs = inputs_of(row)
-    return load_space(space_path, inputs.draft_models, exact=settings_of(row).gate.exact,
-                      max_model_len=inputs.max_model_len)
 
 
 def run_settings(row: ledgers.Run, home: Path | None = None) -> tuple[Settings, spaces.Space]:

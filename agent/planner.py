@@ -15,11 +15,12 @@ reaches the study; one that is not a valid point is dropped, never passed on.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
+from agent import points
 from agent.ledger import Run, Trial
+from agent.points import Point
 from agent.space import Space
 from agent.states import DEFAULTS_ON_SEARCH, Source, Status
 from sandbox.contract import share_above
@@ -73,15 +74,6 @@ class NoPlanner:
 CAPACITY_FAILURES = ("oom", "start_timeout")
 CAPACITY_KNOBS = ("max-num-seqs", "max-num-batched-tokens", "max-model-len", "gpu-memory-utilization",
                   "max-num-partial-prefills", "max-long-partial-prefills", "swap-space")
-
-
-def _tried(history: list[Trial]) -> set[str]:
-    """Points measured, refused or skipped. A point whose trial was interrupted (the agent killed, its
-    worker lost) was not measured: it is proposed again once, not a second time (a point that takes
-    the agent down with it must not do so all night)."""
-    key = lambda t: repr(sorted(t.params.items()))  # noqa: E731
-    interrupted = Counter(key(t) for t in history if t.status == Status.INTERRUPTED)
-    return {key(t) for t in history if t.status != Status.INTERRUPTED} | {k for k, n in interrupted.items() if n > 1}
 
 
 # Prompt lookup pays where answers repeat their context. The defaults' own answers on the search
@@ -280,9 +272,9 @@ class BuiltinPlanner:
         moves = [m for rule in (self._threads, self._speculation, self._slo_batching, self._batching,
                                 self._graph_sizes, self._front_end, self._kv_dtype)
                  for m in rule(space, start, basis, history, measured, facts)]
-        seen, out = _tried(history), []
+        seen, out = points.tried(history), []
         for params, rationale, expected in moves:
-            key = repr(sorted(params.items()))
+            key = Point.of(params)
             if key in seen or space.problems(params) or any(params.get(k) != start.get(k) for k in WON_NOWHERE
                                                             if k in params):
                 continue

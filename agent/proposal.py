@@ -37,10 +37,10 @@ HOST_SPECIFIC = {
 }
 
 
-def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
+def files(run: Run, trial: Trial, capacity: results_file.CapacityFigures | None = None) -> dict[str, tuple[str, bool]]:
     """The branch's files: {path: (text, executable)}. deploy.DeployError where an env value is not one
-    the env-file readers read alike."""
-    results = results_of(run, trial)
+    the env-file readers read alike. capacity: what the config is worth under load (agent.branch_worth)."""
+    results = results_of(run, trial).model_copy(update={"capacity": capacity})
     template = _spec(settings_of(run)).get("chat_template")   # served as measured
     template_text = _read(template) if template else None
     branch = f"agent/{run.id}/{trial.number}"
@@ -50,7 +50,9 @@ def files(run: Run, trial: Trial) -> dict[str, tuple[str, bool]]:
         "serving/launch.sh": (deploy.launch_sh(results, template_text is not None), True),
         "serving/k8s.yaml": (deploy.k8s_yaml(results, template_text), False),
         "serving/bench.sh": (deploy.bench_sh(results), True),
-        "serving/results.json": (results.model_dump_json(indent=2) + "\n", False),
+        # capacity only where measured: a branch without it reads as every branch before it did
+        "serving/results.json": (results.model_dump_json(indent=2, exclude={"capacity"} if capacity is None
+                                                         else None) + "\n", False),
         "serving/README.md": (deploy.readme(results, branch), False),
         **({"serving/chat-template.jinja": (template_text, False)} if template_text is not None else {}),
     }
@@ -68,46 +70,19 @@ def results_of(run: Run, trial: Trial) -> results_file.Results:
     why = {k: text.format(cpus=f"{cpus} cores" if cpus else "its core count",
                           memory=f"{memory} GiB of memory" if memory else "its memory")
            for k, text in HOST_SPECIFIC.items() if k in env or k in flags}
-    traffic = (run.settings or {}).get("traffic") or {}
-    given = (run.settings or {}).get("traffic_source") or traffic.get("traffic") or {}
-    rate = re.fullmatch(r"(?:rate|poisson):([0-9.]+).*", str(meter.get("arrivals") or ""))
-    pct = lambda d: results_file.Percentiles(**{k: (d or {}).get(k)  # noqa: E731
-                                                for k in ("p50", "p90", "p99", "mean", "n")})
     served_len = flags.get("max-model-len")
     return results_file.Results(
         agent=results_file.Agent(version=_version(), commit=_commit()),
         run=run.id, trial=trial.number, source=trial.source, rationale=trial.rationale,
-        claim=results_file.Claim(
-            unit=objective.of(trial.meter).unit, objective=dataclasses.asdict(objective.of(trial.meter)),
-            statement="heldout_ratio, with its one-sided bounds heldout_interval (instances of the candidate against "
-                      "instances of the defaults, on prompts the search never saw)",
-            figure=trial.figure, baseline_figure=run.baseline_figure, search_ratio=trial.search_ratio,
-            search_interval=trial.search_interval, heldout_figure=trial.heldout_figure,
-            heldout_ratio=trial.heldout_ratio, heldout_interval=trial.heldout_interval,
-            heldout_instances=trial.heldout_instances,
-            repeat_figures=measured.get("repeat_figures", measured.get("repeats_tps")),
-            drift=trial.drift, figure_corrected=trial.figure_corrected),
+        claim=_claim(run, trial),
         noise=results_file.Noise(log_sd=run.noise, df=run.noise_df, prior=used.gate.noise_prior.as_dict()),
         quality=results_file.QualityFigures(
             ppl=trial.ppl, baseline_ppl=run.baseline_ppl, ppl_change=trial.ppl_change,
             greedy_agreement=trial.agreement, lossless=trial.lossless, greedy_rule=trial.rule,
             flips=trial.flips or [],
-            calibration={k: v for k, v in (run.calibration or {}).items() if k not in ("engine_defaults", "plan")}),
-        latency=results_file.Latency(
-            ttft_ms=pct(measured.get("ttft_ms")), tpot_ms=pct(measured.get("tpot_ms")),
-            itl_token_ms=pct(measured.get("itl_token_ms")), itl_chunk_ms=pct(measured.get("itl_ms")),
-            e2e_ms=pct(measured.get("latency_ms"))),
-        load=results_file.Load(
-            arrivals=str(meter.get("arrivals") or "concurrency"),
-            concurrency=meter.get("concurrency"), rate=float(rate.group(1)) if rate else None,
-            requests_per_phase=meter.get("num_prompts"), repeats=used.repeats,
-            warmup_requests=meter.get("warmup_requests")),
-        traffic=results_file.Traffic(
-            meter=meter.get("name") or run.workload, meter_version=meter.get("meter_version"),
-            file=given.get("file") or (Path(meter["traffic"]).name if meter.get("traffic") else None),
-            format=given.get("format"), file_hash=given.get("file_hash"), requests=given.get("requests"),
-            split=traffic.get("split"), split_hash=traffic.get("split_hash"),
-            sampled_share=traffic.get("sampled_share"), ignore_eos_share=traffic.get("ignore_eos_share")),
+            calibration={k: v for k, v in (run.calibration or {}).items()
+                         if k not in ("engine_defaults", "plan", "capacity")}),
+        latency=_latency(measured), load=_load(meter, used.repeats), traffic=_traffic(run, meter),
         serving=results_file.Serving(
             model=inputs.model_given or run.model, model_revision=run.model_revision, flags=flags, env=env,
             changed=dict(trial.params or {}),
@@ -121,6 +96,48 @@ def results_of(run: Run, trial: Trial) -> results_file.Results:
         engine=measured.get("engine") or {"name": run.engine, "version": run.engine_version},
         hardware=measured.get("hardware") or run.hardware or {}, device=measured.get("device"),
     )
+
+
+def _claim(run: Run, trial: Trial) -> results_file.Claim:
+    measured = trial.measured or {}
+    return results_file.Claim(
+        unit=objective.of(trial.meter).unit, objective=dataclasses.asdict(objective.of(trial.meter)),
+        statement="heldout_ratio, with its one-sided bounds heldout_interval (instances of the candidate against "
+                  "instances of the defaults, on prompts the search never saw)",
+        figure=trial.figure, baseline_figure=run.baseline_figure, search_ratio=trial.search_ratio,
+        search_interval=trial.search_interval, heldout_figure=trial.heldout_figure,
+        heldout_ratio=trial.heldout_ratio, heldout_interval=trial.heldout_interval,
+        heldout_instances=trial.heldout_instances,
+        repeat_figures=measured.get("repeat_figures", measured.get("repeats_tps")),
+        drift=trial.drift, figure_corrected=trial.figure_corrected)
+
+
+def _latency(measured: dict) -> results_file.Latency:
+    pct = lambda d: results_file.Percentiles(**{k: (d or {}).get(k)  # noqa: E731
+                                                for k in ("p50", "p90", "p99", "mean", "n")})
+    return results_file.Latency(
+        ttft_ms=pct(measured.get("ttft_ms")), tpot_ms=pct(measured.get("tpot_ms")),
+        itl_token_ms=pct(measured.get("itl_token_ms")), itl_chunk_ms=pct(measured.get("itl_ms")),
+        e2e_ms=pct(measured.get("latency_ms")))
+
+
+def _load(meter: dict, repeats: int) -> results_file.Load:
+    rate = re.fullmatch(r"(?:rate|poisson):([0-9.]+).*", str(meter.get("arrivals") or ""))
+    return results_file.Load(
+        arrivals=str(meter.get("arrivals") or "concurrency"),
+        concurrency=meter.get("concurrency"), rate=float(rate.group(1)) if rate else None,
+        requests_per_phase=meter.get("num_prompts"), repeats=repeats, warmup_requests=meter.get("warmup_requests"))
+
+
+def _traffic(run: Run, meter: dict) -> results_file.Traffic:
+    traffic = (run.settings or {}).get("traffic") or {}
+    given = (run.settings or {}).get("traffic_source") or traffic.get("traffic") or {}
+    return results_file.Traffic(
+        meter=meter.get("name") or run.workload, meter_version=meter.get("meter_version"),
+        file=given.get("file") or (Path(meter["traffic"]).name if meter.get("traffic") else None),
+        format=given.get("format"), file_hash=given.get("file_hash"), requests=given.get("requests"),
+        split=traffic.get("split"), split_hash=traffic.get("split_hash"),
+        sampled_share=traffic.get("sampled_share"), ignore_eos_share=traffic.get("ignore_eos_share"))
 
 
 @functools.cache

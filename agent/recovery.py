@@ -31,7 +31,7 @@ from agent import crew, decision, gitops, states
 from agent import space as spaces
 from agent import study as studies
 from agent.engine import reap, trial_processes
-from agent.ledger import Ledger, Run, Worker, utcnow
+from agent.ledger import Ledger, Run, Trial, Worker, utcnow
 from agent.states import Decision, Status
 
 
@@ -100,21 +100,36 @@ def _alive(pid: int) -> bool:
 
 def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> list[str]:
     """Bring a crashed run back to a consistent state; returns what was done, one line each."""
-    done = []
-    home = run.settings.get("home") if run.settings else None
-    host = socket.gethostname()
-    for w in ledger.workers(run.id):
-        # This host's workers died with the run (a local worker ends when its coordinator is gone);
-        # a worker on another host may still be going, and keeps its trial in flight.
-        if w.status == "running" and w.host == host and not _alive(w.pid) and \
-                ledger.claim(Worker, w.id, {"status": "running"}, status="lost", stopped_at=utcnow(),
-                             note="gone at the resume"):
-            done.append(f"worker {w.name}: gone, recorded as lost")
+    done = _lost_workers(ledger, run)
     going = {w.id for w in ledger.workers(run.id) if w.status == "running"}
+    home = run.settings.get("home") if run.settings else None
     for progress in sorted((Path(home) / run.id).glob("trial-*/progress.json")) if home else []:
         # The worker runs in its own session, so it and its server outlive a SIGKILLed agent.
         if killed := reap(progress):
             done.append(f"{progress.parent.name}: ended processes {killed} left running by the crash")
+    done += _trials_in_flight(ledger, run, going)
+    done += _study(ledger, run, storage, going)
+    if repo is not None:
+        done += _branches(ledger, run, repo)
+    done += [f"trial {t.number}: accepted but not branched at the crash: branched after the resume"
+             for t in decision.unbranched(ledger.trials(run.id))]
+    return done
+
+
+def _lost_workers(ledger: Ledger, run: Run) -> list[str]:
+    """This host's workers died with the run (a local worker ends when its coordinator is gone); a
+    worker on another host may still be going, and keeps its trial in flight."""
+    done, host = [], socket.gethostname()
+    for w in ledger.workers(run.id):
+        if w.status == "running" and w.host == host and not _alive(w.pid) and \
+                ledger.claim(Worker, w.id, {"status": "running"}, status="lost", stopped_at=utcnow(),
+                             note="gone at the resume"):
+            done.append(f"worker {w.name}: gone, recorded as lost")
+    return done
+
+
+def _trials_in_flight(ledger: Ledger, run: Run, going: set[int]) -> list[str]:
+    done = []
     for t in ledger.trials(run.id):
         if t.status == Status.RUNNING and t.worker_id in going:
             continue   # a worker on another host measures it now
@@ -128,13 +143,18 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
             ledger.transition(t, gate_passed=None, decision="put_forward", gate_reasons=[
                 *(t.gate_reasons or []), "interrupted during its held-out decision: decided again after the resume"])
             done.append(f"trial {t.number}: stopped during its held-out decision, put forward to be decided again")
+    return done
+
+
+def _study(ledger: Ledger, run: Run, storage: str, going: set[int]) -> list[str]:
+    """The study told what the ledger's finished rows say; Optuna trials running at the crash told FAIL."""
     trials = ledger.trials(run.id)
     # Measured but never gated (window 1): the resumed loop judges it from its worker's result and
     # tells Optuna then (loop.settle); told now, it would be a 0.0 with an infeasible constraint.
     cut = [t for t in decision.unjudged(trials) if t.worker_id not in going]
     later = {t.optuna_number for t in cut}
-    done += [f"trial {t.number}: measured but not judged at the crash: judged from its recorded result "
-             f"after the resume" for t in cut]
+    done = [f"trial {t.number}: measured but not judged at the crash: judged from its recorded result "
+            f"after the resume" for t in cut]
     finished = {t.optuna_number: t for t in trials
                 if t.optuna_number is not None and t.status in states.FINISHED and t.optuna_number not in later}
     # A live worker on another host still measures these: their Optuna trials are its to tell.
@@ -142,32 +162,53 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
     # The constraint Optuna records is the one the loop computed and stored in the ledger.
     study = studies.recorded(run.id, storage, list(finished.values()))
     if study is not None:
-        for ft in studies.running(study):
-            if ft.number in theirs or ft.number in later:
-                continue
-            row = finished.get(ft.number)
-            if row is None:
-                studies.fail(study, ft.number)
-                done.append(f"optuna trial {ft.number}: running at the crash, told FAIL")
-                continue
-            # Killed after the ledger row was finished but before the tell: tell what the row says.
-            studies.tell_row(study, ft.number, row)
-            done.append(f"optuna trial {ft.number}: finished in the ledger (trial {row.number}), told its result")
-    done += _rebuild_if_it_disagrees(ledger, run, storage, busy=bool(going) or bool(later))
-    if repo is not None:
-        refs = Path(repo.git_dir) / "refs" / "heads" / "agent" / run.id
-        for lock in sorted(refs.glob("*.lock")) if refs.is_dir() else []:
-            lock.unlink()
-            done.append(f"removed the stale ref lock {lock.name} git left under our prefix")
-        rows = {t.number: t for t in ledger.trials(run.id)}
-        for number, sha in _our_branches(repo, run).items():
-            row = rows.get(number)
-            if row is not None and row.branch is None and f"Agent-Trial: {number}" in repo.commit(sha).message:
-                ledger.transition(row, branch=f"{gitops.PREFIX}{run.id}/{number}", commit=sha)
-                done.append(f"trial {number}: branch created just before the crash, recorded in the ledger")
-    done += [f"trial {t.number}: accepted but not branched at the crash: branched after the resume"
-             for t in decision.unbranched(ledger.trials(run.id))]
+        done += _told(study, finished, theirs | later)
+    return done + _rebuild_if_it_disagrees(ledger, run, storage, busy=bool(going) or bool(later))
+
+
+def _told(study: studies.Study, finished: dict[int, Trial], not_ours: set) -> list[str]:
+    """Optuna trials running at the crash: told what their finished ledger row says, else FAIL."""
+    done = []
+    for ft in studies.running(study):
+        if ft.number in not_ours:
+            continue
+        row = finished.get(ft.number)
+        if row is None:
+            studies.fail(study, ft.number)
+            done.append(f"optuna trial {ft.number}: running at the crash, told FAIL")
+            continue
+        # Killed after the ledger row was finished but before the tell: tell what the row says.
+        studies.tell_row(study, ft.number, row)
+        done.append(f"optuna trial {ft.number}: finished in the ledger (trial {row.number}), told its result")
     return done
+
+
+def _branches(ledger: Ledger, run: Run, repo: git.Repo) -> list[str]:
+    """Git's side: stale ref locks under our prefix removed, and a commit made just before the crash
+    (a branch, or a branch's worth under load) recorded in the ledger."""
+    done = []
+    refs = Path(repo.git_dir) / "refs" / "heads" / "agent" / run.id
+    for lock in sorted(refs.glob("*.lock")) if refs.is_dir() else []:
+        lock.unlink()
+        done.append(f"removed the stale ref lock {lock.name} git left under our prefix")
+    rows = {t.number: t for t in ledger.trials(run.id)}
+    for number, sha in _our_branches(repo, run).items():
+        row = rows.get(number)
+        if row is not None and row.branch is None and f"Agent-Trial: {number}" in repo.commit(sha).message:
+            ledger.transition(row, branch=f"{gitops.PREFIX}{run.id}/{number}", commit=sha)
+            done.append(f"trial {number}: branch created just before the crash, recorded in the ledger")
+        elif row is not None and row.commit and sha != row.commit and _worth_on(repo.commit(sha), row.commit):
+            ledger.transition(row, commit=sha)
+            done.append(f"trial {number}: its worth under load was committed just before the crash, recorded "
+                        f"in the ledger")
+    return done
+
+
+def _worth_on(commit: git.Commit, parent: str) -> bool:
+    """Whether commit is agent run --capacity's, made on parent (agent.branch_worth)."""
+    from agent.branch_worth import TRAILER
+
+    return [p.hexsha for p in commit.parents] == [parent] and f"{TRAILER}:" in str(commit.message)
 
 
 def _rebuild_if_it_disagrees(ledger: Ledger, run: Run, storage: str, busy: bool) -> list[str]:

@@ -146,8 +146,13 @@ def as_json(row: RunView, trials: list[TrialView]) -> dict:
 def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule],
            narrowings: list[RangeChange]) -> Iterator[str]:
     """One run at a glance: where it stands, the baseline and noise, what was tried, what won."""
-    by = lambda attr: ", ".join(f"{n} {k}" for k, n in sorted(  # noqa: E731
-        {v: sum(1 for t in trials if getattr(t, attr) == v) for v in {getattr(t, attr) for t in trials}}.items()))
+    yield from _heading(row, trials)
+    yield from _what_was_tried(trials, rules, narrowings)
+    yield from _what_won(row, trials)
+
+
+def _heading(row: RunView, trials: list[TrialView]) -> Iterator[str]:
+    """The run, its host, the baseline, the traffic, the gate's calibration and the budget's plan."""
     yield (f"run {row.id}: {row.status}; started {row.started_at}, deadline {row.deadline_at}"
            + (f", finished {row.finished_at}" if row.finished_at else ""))
     yield (f"  {row.model} on {row.engine} {row.engine_version}, {row.hardware.get('cpu')} "
@@ -171,6 +176,14 @@ def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule],
         yield f"  {cal['aa']}"
     if cal.get("plan"):
         yield f"  {budget.plan_line(cal['plan'])}"
+    if cal.get("capacity"):
+        yield f"  --capacity: {cal['capacity']}"
+
+
+def _what_was_tried(trials: list[TrialView], rules: list[LearnedRule], narrowings: list[RangeChange]) -> Iterator[str]:
+    """Counts by status and source, what was cut short, failures, learned rules, narrowed ranges, drift."""
+    by = lambda attr: ", ".join(f"{n} {k}" for k, n in sorted(  # noqa: E731
+        {v: sum(1 for t in trials if getattr(t, attr) == v) for v in {getattr(t, attr) for t in trials}}.items()))
     yield f"  {len(trials)} trials: {by('status')}; sources: {by('source')}"
     cheap = [t for t in trials if t.decision in (Decision.PRUNED, Decision.SPEED_ONLY) or t.failed_phase == "preflight"
              or (t.failure_message or "").startswith("contains learned rule")]
@@ -194,6 +207,10 @@ def report(row: RunView, trials: list[TrialView], rules: list[LearnedRule],
     drift = [t for t in trials if t.source == Source.DRIFT]
     if drift:
         yield f"  drift checks: {', '.join(f'{t.search_ratio:.3f}x' for t in drift if t.search_ratio)}"
+
+
+def _what_won(row: RunView, trials: list[TrialView]) -> Iterator[str]:
+    """The branches best first, the dominated, those refused on latency, the unbranched, or why none won."""
     accepted = sorted((t for t in trials if t.branch), key=lambda t: -t.claimed_ratio)
     for t in accepted:
         yield (f"  {t.branch}: {claim(t)}, {latencies(t, trials)}, ppl {t.ppl_change:+.2%}, {len(t.flips or [])} "

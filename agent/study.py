@@ -17,6 +17,7 @@ import optuna
 
 from agent import states
 from agent.ledger import Trial
+from agent.points import Point
 from agent.states import Status
 
 # multivariate/group/constraints TPE are marked experimental; they are what this loop needs.
@@ -137,14 +138,14 @@ def enqueue(study: optuna.Study, proposals: list) -> None:
                                                   "expected": p.expected, "knobs": list(p.params)})
 
 
-def told_so_far(study: optuna.Study, sampler_per_planner: int) -> tuple[dict[str, tuple[float, float]], int]:
+def told_so_far(study: optuna.Study, sampler_per_planner: int) -> tuple[dict[Point, tuple[float, float]], int]:
     """What the study already knows, so a resumed or repeated call goes on where the last one stopped.
 
     Returns each told point's (value, constraint) and how many sampler trials followed the last
     planner trial (the planner goes first when there is none).
     """
     done = study.get_trials(deepcopy=False, states=(State.COMPLETE, State.PRUNED))
-    seen = {repr(sorted(t.params.items())): (t.value if t.value is not None else t.intermediate_values.get(0, 0.0),
+    seen = {Point.of(t.params): (t.value if t.value is not None else t.intermediate_values.get(0, 0.0),
                                              (t.user_attrs.get("constraint") or
                                               t.system_attrs.get("constraints") or [1.0])[0]) for t in done}
     since = 0

@@ -17,13 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import git
 
-from agent import hub, morning, objective
-from agent.context import settings_of
-from agent.ledger import Ledger
+from agent import hub, morning, objective, results_file
+from agent.context import Settings, settings_of
+from agent.ledger import Ledger, Run, Trial
 from agent.states import Source, Status
 from agent.stats import compare, pooled_noise
 
@@ -46,44 +45,18 @@ class Rounds:
 def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, rounds: Rounds = Rounds(),
            say: Callable[[str], None] = print) -> dict:
     max_rounds, tolerance, split = rounds.max_rounds, rounds.tolerance, rounds.split
-    try:   # any version this agent wrote: a branch from before version 1 is mapped onto it
-        found = morning.read(repo, branch)
-    except morning.BranchError as e:
-        raise VerifyError(str(e)) from None
-    run = ledger.run(found.run)
-    if run is None:
-        raise VerifyError(f"{branch}: run {found.run} is not in the ledger")
-    claim: dict[str, Any] = {"flags": found.serving.flags, "env": found.serving.env,
-                             "heldout_ratio": found.claim.heldout_ratio, "search_ratio": found.claim.search_ratio}
-    if not claim["search_ratio"]:
-        raise VerifyError(f"{branch}: serving/results.json claims no ratio to re-measure")
-    base_row = next((t for t in ledger.trials(run.id) if t.source == Source.BASELINE), None)
-    if base_row is None:
-        raise VerifyError(f"{branch}: run {run.id} has no measurement of the defaults to compare with")
-    from sandbox.contract import load_workload
-
+    found, run, base_row = _claim(ledger, repo, branch)
     used = settings_of(run)
-    meter = load_workload(used.workload).with_split(split)
-    try:   # the commit the branch was measured with, for a model given by Hub id
-        model = hub.served(run.model, run.model_revision)
-    except hub.ModelUnavailable as e:
-        raise VerifyError(f"{branch}: {e}") from None
-    inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
-    # Speed only: the branch's quality was measured through its own server and is in its results.
-    specs = {
-        "defaults": {"model": model, "flags": base_row.flags, "env": base_row.env, "workload": inline,
-                     "quality": "none", "repeats": used.repeats},
-        "candidate": {"model": model, "flags": claim["flags"], "env": claim["env"], "workload": inline,
-                      "quality": "none", "repeats": used.repeats},
-    }
+    specs = {"defaults": _spec(run, used, base_row.flags, base_row.env, split, branch),
+             "candidate": _spec(run, used, found.serving.flags, found.serving.env, split, branch)}
     if (rules := getattr(engine, "rules", None)) is not None:   # the branch's files are data, not the space
         from sandbox.contract import SpecError, check_allowed
 
         try:
-            check_allowed(rules, claim["flags"], claim["env"], f"{branch}:serving/results.json")
+            check_allowed(rules, found.serving.flags, found.serving.env, f"{branch}:serving/results.json")
         except SpecError as e:
             raise VerifyError(f"{e}: the run's space does not allow it; nothing was started") from None
-    claimed = (claim.get("heldout_ratio") if split == "heldout" else None) or claim["search_ratio"]
+    claimed = (found.claim.heldout_ratio if split == "heldout" else None) or found.claim.search_ratio or 0.0
     band = (claimed * (1 - tolerance), claimed * (1 + tolerance))
     # The run's own instances of the defaults measured the noise: their spread joins this one's.
     run_defaults = [t.figure for t in ledger.trials(run.id)
@@ -111,10 +84,42 @@ def verify(ledger: Ledger, repo: git.Repo, branch: str, engine, out_dir: Path, r
         "branch": branch, "split": split, "verdict": verdict, "claimed_ratio": claimed,
         "band": [round(band[0], 4), round(band[1], 4)], "ratio": round(c.ratio, 4),
         "interval": [round(c.low, 4), round(c.high, 4)], "rounds": len(figures["candidate"]),
-        "recorded_ratio": claim["search_ratio"], "unit": objective.of_run(run).unit,
+        "recorded_ratio": found.claim.search_ratio, "unit": objective.of_run(run).unit,
         "defaults_figures": figures["defaults"], "candidate_figures": figures["candidate"],
         "noise_log_sd": round(noise.sd, 5), "noise_df": noise.df,
     }
+
+
+def _claim(ledger: Ledger, repo: git.Repo, branch: str) -> tuple[results_file.Results, Run, Trial]:
+    """The branch's results (any version this agent wrote), its run and the run's defaults."""
+    try:
+        found = morning.read(repo, branch)
+    except morning.BranchError as e:
+        raise VerifyError(str(e)) from None
+    run = ledger.run(found.run)
+    if run is None:
+        raise VerifyError(f"{branch}: run {found.run} is not in the ledger")
+    if not found.claim.search_ratio:
+        raise VerifyError(f"{branch}: serving/results.json claims no ratio to re-measure")
+    base_row = next((t for t in ledger.trials(run.id) if t.source == Source.BASELINE), None)
+    if base_row is None:
+        raise VerifyError(f"{branch}: run {run.id} has no measurement of the defaults to compare with")
+    return found, run, base_row
+
+
+def _spec(run: Run, used: Settings, flags: dict, env: dict, split: str, branch: str) -> dict:
+    """One config on the run's meter and split, speed only: the branch's quality was measured through its
+    own server and is in its results."""
+    from sandbox.contract import load_workload
+
+    meter = load_workload(used.workload).with_split(split)
+    try:   # the commit the branch was measured with, for a model given by Hub id
+        model = hub.served(run.model, run.model_revision)
+    except hub.ModelUnavailable as e:
+        raise VerifyError(f"{branch}: {e}") from None
+    inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
+    return {"model": model, "flags": flags, "env": env, "workload": inline, "quality": "none",
+            "repeats": used.repeats}
 
 
 def checked_claim(ledger: Ledger, branch: str, rounds: Rounds, say: Callable[[str], None]) -> tuple[list[str], int]:
@@ -123,9 +128,8 @@ def checked_claim(ledger: Ledger, branch: str, rounds: Rounds, say: Callable[[st
     holds, 1 it does not, 3 the rounds allowed could not decide. A RunError where it cannot be measured."""
     from agent import gitops, paths
     from agent.engine import WorkerEngine
-    from agent.part import run_space
     from agent.recording import allowed
-    from agent.request import RunError
+    from agent.request import RunError, run_space
 
     parts = branch.split("/")
     run_row = ledger.run(parts[1]) if len(parts) == 3 and parts[0] == "agent" else None

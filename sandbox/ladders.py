@@ -25,6 +25,7 @@ RISING = 0.05        # a rung whose output tokens/s is not 5% above the one belo
 MAX_RUNGS = 12
 OPEN_LOOP_CAP = 256  # requests in flight at most under open-loop arrivals
 PHASE_SECONDS = 10   # an open-loop phase sends at least this many seconds of arrivals
+OPEN_LOOP_MIN = 16   # and at least this many requests (4 a phase at 0.2 req/s on the CPU read a p99 of 4)
 SLO_FIELDS = {"ttft_p99_ms": "ttft_ms", "itl_p99_ms": "itl_ms", "e2e_p99_ms": "latency_ms"}
 
 
@@ -56,6 +57,10 @@ class Ladder:
     def as_dict(self) -> dict:
         return {"kind": self.kind, "loads": list(self.loads), "slo": dict(self.slo)}
 
+    def at(self, workload: Workload, load: float) -> Workload:
+        """The workload of this ladder's rung at `load` (rung_workload)."""
+        return rung_workload(workload, self.kind, load, self.loads[-1])
+
 
 def rung_workload(workload: Workload, kind: str, load: float, top: float | None = None) -> Workload:
     """The workload at one rung: C streams with a phase of at least 8 T requests at every rung of a ladder
@@ -63,7 +68,7 @@ def rung_workload(workload: Workload, kind: str, load: float, top: float | None 
     short and long requests and their latencies compare: 4 requests a phase at one stream read a p99
     end-to-end a tenth of 16 at two, on the realistic default, by their lengths alone), or the workload's
     arrival pattern (Poisson where it has none) at `load` requests/s for at least PHASE_SECONDS of
-    arrivals, at most OPEN_LOOP_CAP in flight (as `vllm bench serve --request-rate` without
+    arrivals and OPEN_LOOP_MIN requests, at most OPEN_LOOP_CAP in flight (as `vllm bench serve --request-rate` without
     --max-concurrency: a server that falls behind queues them, and the queue counts in their latency)."""
     if kind == "concurrency":
         streams = int(load)
@@ -75,7 +80,7 @@ def rung_workload(workload: Workload, kind: str, load: float, top: float | None 
     # reaches it as offsets(rate=load), which overrides the profile's own.
     arrivals = workload.arrivals if workload.arrivals.startswith(("rate", "trace")) else f"rate:{load:g}"
     return replace(workload, arrivals=arrivals, concurrency=max(workload.concurrency, OPEN_LOOP_CAP),
-                   num_prompts=max(workload.num_prompts, math.ceil(PHASE_SECONDS * load)),
+                   num_prompts=max(workload.num_prompts, OPEN_LOOP_MIN, math.ceil(PHASE_SECONDS * load)),
                    name=f"{workload.name}@r{load:g}")
 
 

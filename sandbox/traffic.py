@@ -243,31 +243,50 @@ def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None
         raise TrafficError(f"{where}: {str(raw)[:60]!r} is not a JSON object")
     raw = dict(raw)
     timestamp = raw.pop("timestamp", None)
-    conversation = raw.pop("conversation", None)
-    if conversation is not None:
-        if isinstance(conversation, bool) or not isinstance(conversation, (str, int)) or conversation == "":
-            raise TrafficError(f"{where}: conversation is {json.dumps(conversation)[:60]}, not a string or number id")
-        conversation = str(conversation)
+    conversation = _conversation_id(where, raw.pop("conversation", None))
     for alias in ("output_tokens", "output_length"):   # vLLM's custom dataset; its timed trace
         if alias in raw:
             if "max_tokens" in raw:
                 raise TrafficError(f"{where}: both {alias} and max_tokens")
             raw["max_tokens"] = raw.pop(alias)
+    endpoint, body = _input(where, raw)
+    body.update(_fields(where, raw))
+    _check_together(where, endpoint, body)
+    if "max_tokens" not in body and "max_completion_tokens" not in body:
+        if default_max_tokens is None:
+            raise TrafficError(f"{where}: no max_tokens: the meter bounds every request (give max_tokens)")
+        body["max_tokens"] = default_max_tokens
+    if timestamp is not None:
+        timestamp = _number(where, "timestamp", timestamp, float)
+    return Request(endpoint, body, line, timestamp, conversation)
+
+
+def _conversation_id(where: str, conversation: Any) -> str | None:
+    if conversation is None:
+        return None
+    if isinstance(conversation, bool) or not isinstance(conversation, (str, int)) or conversation == "":
+        raise TrafficError(f"{where}: conversation is {json.dumps(conversation)[:60]}, not a string or number id")
+    return str(conversation)
+
+
+def _input(where: str, raw: dict) -> tuple[str, dict]:
+    """The endpoint and its input, popped from raw: a prompt (completions) or messages (chat)."""
     if ("prompt" in raw) == ("messages" in raw):
         raise TrafficError(f"{where}: a request needs exactly one of prompt (completions) or messages (chat)")
-    body: dict = {}
-    if "prompt" in raw:
-        endpoint, prompt = "completions", raw.pop("prompt")
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            body["prompt"] = prompt
-        elif isinstance(prompt, str) and prompt:
-            body["prompt"] = prompt
-        else:
-            raise TrafficError(f"{where}: prompt is {str(prompt)[:60]!r}, not a non-empty string or list of token ids "
-                               f"(a list of prompts is several requests: one line each)")
-    else:
-        endpoint = "chat"
-        body["messages"] = _messages(where, raw.pop("messages"))
+    if "messages" in raw:
+        return "chat", {"messages": _messages(where, raw.pop("messages"))}
+    prompt = raw.pop("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return "completions", {"prompt": prompt}
+    if isinstance(prompt, str) and prompt:
+        return "completions", {"prompt": prompt}
+    raise TrafficError(f"{where}: prompt is {str(prompt)[:60]!r}, not a non-empty string or list of token ids "
+                       f"(a list of prompts is several requests: one line each)")
+
+
+def _fields(where: str, raw: dict) -> dict:
+    """The request's other fields: dropped, refused, or sent as their type and bounds allow."""
+    body = {}
     for name, value in raw.items():
         if name in DROPPED:
             continue
@@ -282,6 +301,11 @@ def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None
         value = _number(where, name, value, SENT[name])
         _check_value(where, name, value)
         body[name] = value
+    return body
+
+
+def _check_together(where: str, endpoint: str, body: dict) -> None:
+    """Fields that are sound alone but not together, or not on this endpoint."""
     if body.get("min_tokens", 0) > (body.get("max_completion_tokens") or body.get("max_tokens") or math.inf):
         raise TrafficError(f"{where}: min_tokens {body['min_tokens']} is above the request's max_tokens "
                            f"{body.get('max_completion_tokens') or body.get('max_tokens')}")
@@ -292,13 +316,6 @@ def request_from(raw: Any, where: str, line: int, default_max_tokens: int | None
                                                 or body["messages"][-1].get("role") != "assistant"):
         raise TrafficError(f"{where}: continue_final_message needs add_generation_prompt: false and an assistant "
                            f"message last (the answer's start that the model continues)")
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
-        if default_max_tokens is None:
-            raise TrafficError(f"{where}: no max_tokens: the meter bounds every request (give max_tokens)")
-        body["max_tokens"] = default_max_tokens
-    if timestamp is not None:
-        timestamp = _number(where, "timestamp", timestamp, float)
-    return Request(endpoint, body, line, timestamp, conversation)
 
 
 def _records(path: Path) -> tuple[list[tuple[int, Any]], str]:

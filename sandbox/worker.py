@@ -303,7 +303,7 @@ class TrialRun:
         self.result.ladder = {**ladder.as_dict(), "rungs": rungs, "stopped": stopped}
         for load in ladder.loads:
             at = f"{ladder.kind} {load:g}"
-            w = ladders.rung_workload(spec.workload, ladder.kind, load, ladder.loads[-1])
+            w = ladder.at(spec.workload, load)
             warm, draws = cursor.take(w.warmup_count()), [cursor.take(w.num_prompts) for _ in range(spec.repeats)]
             if warm is None or any(d is None for d in draws):
                 spent = f"the traffic's {len(cursor.pool)} distinct requests are spent before {at}"

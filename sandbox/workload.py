@@ -314,18 +314,7 @@ def split_prompts(split: str) -> list[str]:
 def load_workload(ref: str | dict[str, Any]) -> Workload:
     """A workload from a shipped profile name, a YAML path, or an inline mapping. A relative traffic
     or chat_template path is read beside the YAML (a shipped profile's: under sandbox/data/traffic)."""
-    if isinstance(ref, str):
-        path = DATA / "workloads" / f"{ref}.yaml"
-        if not path.exists():
-            path = Path(ref)
-        if not path.exists():
-            shipped = sorted(p.stem for p in (DATA / "workloads").glob("*.yaml"))
-            raise ValueError(f"workload {ref!r} is neither a shipped profile ({', '.join(shipped)}) nor a file")
-        raw, where, base = yaml.safe_load(path.read_text()), str(path), path.parent
-        if path.parent == DATA / "workloads":
-            base = DATA / "traffic"
-    else:
-        raw, where, base = ref, "workload", Path.cwd()
+    raw, where, base = _profile(ref)
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a mapping")
     unknown = sorted(set(raw) - set(WORKLOAD_FIELDS))
@@ -334,20 +323,7 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
     missing = sorted(k for k, (_, required) in WORKLOAD_FIELDS.items() if required and k not in raw)
     if missing:
         raise ValueError(f"{where}: missing field {missing[0]!r}")
-    values: dict[str, Any] = {}
-    for key, (kinds, _) in WORKLOAD_FIELDS.items():
-        value = raw.get(key, Workload.__dataclass_fields__[key].default if key in ("arrivals", "objective") else None)
-        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kinds) or (int in kinds and isinstance(value, bool)):
-            raise ValueError(f"{where}.{key}: {value!r} is not a {kinds[0].__name__}")
-        if isinstance(value, int) and not isinstance(value, bool) and value < (0 if key == "warmup_requests" else 1):
-            raise ValueError(f"{where}.{key}: {value!r} is out of range")
-        if key in ("traffic", "chat_template") and value is not None:
-            value = str((base / str(value)).resolve())
-            if not Path(value).is_file():
-                raise ValueError(f"{where}.{key}: {value} is not a file")
-        values[key] = value
+    values = {key: _field(raw, key, kinds, where, base) for key, (kinds, _) in WORKLOAD_FIELDS.items()}
     if values["traffic"] is None:
         absent = [k for k in ("max_tokens", "ignore_eos", "temperature") if values[k] is None]
         if absent:
@@ -362,6 +338,36 @@ def load_workload(ref: str | dict[str, Any]) -> Workload:
         _traffic(workload.traffic)   # every request checked now, before any server starts
     check_objective(workload, where)
     return workload
+
+
+def _profile(ref: str | dict[str, Any]) -> tuple[Any, str, Path]:
+    """The profile's raw mapping, where it came from, and the folder its relative paths are read in."""
+    if not isinstance(ref, str):
+        return ref, "workload", Path.cwd()
+    path = DATA / "workloads" / f"{ref}.yaml"
+    if not path.exists():
+        path = Path(ref)
+    if not path.exists():
+        shipped = sorted(p.stem for p in (DATA / "workloads").glob("*.yaml"))
+        raise ValueError(f"workload {ref!r} is neither a shipped profile ({', '.join(shipped)}) nor a file")
+    base = DATA / "traffic" if path.parent == DATA / "workloads" else path.parent
+    return yaml.safe_load(path.read_text()), str(path), base
+
+
+def _field(raw: dict, key: str, kinds: tuple, where: str, base: Path) -> Any:
+    """One field's value, typed and bounded; a traffic or chat template path resolved and checked."""
+    value = raw.get(key, Workload.__dataclass_fields__[key].default if key in ("arrivals", "objective") else None)
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kinds) or (int in kinds and isinstance(value, bool)):
+        raise ValueError(f"{where}.{key}: {value!r} is not a {kinds[0].__name__}")
+    if isinstance(value, int) and not isinstance(value, bool) and value < (0 if key == "warmup_requests" else 1):
+        raise ValueError(f"{where}.{key}: {value!r} is out of range")
+    if key in ("traffic", "chat_template") and value is not None:
+        value = str((base / str(value)).resolve())
+        if not Path(value).is_file():
+            raise ValueError(f"{where}.{key}: {value} is not a file")
+    return value
 
 
 def check_objective(workload: Workload, where: str, arrivals_where: str | None = None) -> None:

@@ -14,11 +14,26 @@ def embedded_model():
     return prepare()
 
 
+# What makes a test slow: a real vLLM server (engine), the CUDA build (gpu), processes it starts (a stand-in
+# server, a worker, an agent: process), a PostgreSQL server (postgres), the prepared model (model), or
+# seconds on the wall clock (slow: the loop's nights). A test with none of them is marked unit:
+# `pytest -m unit` runs those, in under a minute on 2 cores.
+SLOW = ("engine", "gpu", "process", "postgres", "model", "slow")
+BY_FIXTURE = {"postgres_server": "postgres", "embedded_model": "model"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked gpu need the CUDA build (the GPU host): elsewhere they are deselected, not skipped (no
-    test here should skip), and the summary says how many and why."""
+    """Every test gets `unit` unless it is marked slow (SLOW, or a fixture in BY_FIXTURE). Tests marked gpu
+    need the CUDA build (the GPU host): elsewhere they are deselected, not skipped (no test here should
+    skip), and the summary says how many and why."""
     from sandbox import host
 
+    for item in items:
+        for fixture, marker in BY_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+        if not any(item.get_closest_marker(m) for m in SLOW):
+            item.add_marker("unit")
     if host.engine()["name"] == "vllm":
         return
     gpu = [item for item in items if item.get_closest_marker("gpu")]

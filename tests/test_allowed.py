@@ -19,6 +19,8 @@ from agent import space as spaces
 from sandbox import allowed
 from sandbox.spec import SpecError, check_flags
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = sorted(p.stem for p in (ROOT / "search_space").glob("*.yaml"))
 

@@ -21,6 +21,8 @@ from sandbox.traffic import Request, TrafficError
 from sandbox.worker import run_trial
 from sandbox.workload import Slo, load_workload
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 FAKE = (str(Path(__file__).with_name("fake_server.py")),)
 ROOT = Path(__file__).resolve().parents[1]
 

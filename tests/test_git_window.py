@@ -16,6 +16,8 @@ import pytest
 
 from agent.ledger import Ledger
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 

@@ -12,8 +12,11 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 
 from agent.ledger import Ledger
+
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "data" / "golden-run.json"

@@ -8,6 +8,8 @@ import pytest
 
 from sandbox import model
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

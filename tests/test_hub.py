@@ -12,6 +12,7 @@ from agent import hub, proposal
 from agent.ledger import Run, Trial
 from sandbox.failures import classify_log
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
 
 @pytest.fixture
 def endpoint(tmp_path, monkeypatch):

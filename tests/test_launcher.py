@@ -13,6 +13,7 @@ from agent import proposal
 from agent.ledger import Run, Trial
 from sandbox import server
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
 
 def test_the_launcher_follows_the_installed_engine(monkeypatch):
     monkeypatch.setattr(server.host, "engine", lambda: {"name": "vllm", "version": "0.26.0"})

@@ -241,6 +241,7 @@ def argv_value_is_the_knobs_own(knob, shown: str) -> bool:
 
 
 @pytest.mark.parametrize("name", ["vllm-cpu", "vllm-gpu"])
+@pytest.mark.slow   # a thousand replies: 5 s a space
 def test_a_thousand_fuzzed_replies_reach_argv_only_in_each_knobs_own_type(name, tmp_path):
     """The real path: the reply parsed, enqueued in an Optuna study, asked back, mapped to flags and env
     and to the argv the server gets. Every value there must be its knob's own type and range."""

@@ -17,6 +17,7 @@ from agent.ledger import Ledger, Run
 from agent.loop import run_search
 from sandbox.result import failed
 
+pytestmark = pytest.mark.slow   # nights of the loop on the wall clock (tests/conftest.py: not in `pytest -m unit`)
 
 @pytest.fixture(scope="module")
 def night(tmp_path_factory):

@@ -14,11 +14,13 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from test_traffic import FAKE, wait_up
 
 from sandbox import bench
 from sandbox.traffic import load
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
 
 def free_port() -> int:
     with socket.socket() as s:

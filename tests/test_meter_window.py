@@ -21,6 +21,7 @@ from sandbox import bench
 from sandbox.traffic import Request, TrafficError
 from sandbox.workload import load_workload, sampling_path
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
 
 def answered(sent: float, first: float, gap: float, tokens: int) -> bench.RequestResult:
     chunks = [first + i * gap for i in range(tokens)]

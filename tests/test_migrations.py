@@ -16,6 +16,8 @@ from agent.gate import GateSettings
 from agent.ledger import Base, Ledger
 from agent.stats import Noise
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 FIXTURES = sorted((Path(__file__).parent / "data" / "ledgers").glob("*.sqlite"))
 NAMES = [fn.__name__ for fn in migrations.MIGRATIONS]
 

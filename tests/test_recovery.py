@@ -24,6 +24,8 @@ from agent import study as studies
 from agent.ledger import Ledger, Run, Trial, Worker
 from sandbox.result import failed
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 HERE = Path(__file__).parent
 
 

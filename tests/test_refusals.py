@@ -20,6 +20,8 @@ from agent.loop import run_search
 from agent.screening import facts_for
 from sandbox.result import failed
 
+pytestmark = pytest.mark.slow   # nights of the loop on the wall clock (tests/conftest.py: not in `pytest -m unit`)
+
 START_REFUSAL = "NotImplementedError: CPU_ATTN with prefix caching needs a block size of 64 or more, got 32"
 
 

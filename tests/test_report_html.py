@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from agent.report_html import SECTIONS, pareto
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 HERE = Path(__file__).parent
 
 

@@ -54,3 +54,33 @@ def test_the_command_line_is_the_request_s_fields_and_says_what_prepare_run_says
     result = CliRunner().invoke(app, ["run", "--budget", "10m", "--repeats", "0"])   # typer's own bound check
     assert result.exit_code == 2 and "--repeats" in result.output
     assert Ledger(tmp_path / "ledger.sqlite").runs() == []
+
+
+def test_every_option_lands_where_it_should():
+    """Each RunRequest field is the gate's, the run's settings' or prepare_run's own, exactly one; the
+    gate's and the settings' land under their names with the value given (not the default)."""
+    from agent.context import Settings
+    from agent.gate import GateSettings
+    from agent.request import PREPARED, TO_GATE, TO_SETTINGS, gate_from, settings_from
+    from agent.stats import Noise
+
+    names = [f.name for f in fields(RunRequest)]
+    assert sorted(names) == sorted([*TO_GATE, *TO_SETTINGS, *PREPARED])
+    assert len(set(TO_GATE) | set(TO_SETTINGS) | set(PREPARED)) == len(names)
+    given = {}
+    for f in fields(RunRequest):
+        if f.name not in (*TO_GATE, *TO_SETTINGS):
+            continue
+        kind = str(f.type)
+        given[f.name] = (not f.default if "bool" in kind else "random" if f.name == "sampler"
+                         else 7 if "int" in kind else 0.123)
+        assert given[f.name] != f.default, f.name
+    request = RunRequest(**given)
+    gate = gate_from(request, Noise(0.05, 3))
+    settings = settings_from(request, model="m", workload={}, quality="quick", quality_text=None, home=Path("h"),
+                             gate=gate, facts={})
+    assert {n: getattr(gate, n) for n in TO_GATE} == {n: given[n] for n in TO_GATE}
+    assert {n: getattr(settings, n) for n in TO_SETTINGS} == {n: given[n] for n in TO_SETTINGS}
+    assert gate.noise_prior == Noise(0.05, 3) and settings.gate is gate
+    assert set(TO_GATE) <= {f.name for f in fields(GateSettings)} and set(TO_SETTINGS) <= {f.name for f in
+                                                                                           fields(Settings)}

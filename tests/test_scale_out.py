@@ -27,6 +27,8 @@ from postgres import PASSWORD
 from agent import storage as storages
 from agent.ledger import Ledger
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 ROOT = Path(__file__).resolve().parents[1]
 # `agent` with the deterministic engine at its engine seam (a test-only executable; its workers run it too).
 AGENT = [sys.executable, str(ROOT / "tests" / "agent_with_seam_engine.py")]

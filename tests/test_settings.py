@@ -92,6 +92,7 @@ MALFORMED_URLS = [
 ]
 
 
+@pytest.mark.slow   # 3.6 s each: the storage's own checks, through the command line
 @pytest.mark.parametrize("url", MALFORMED_URLS)
 def test_a_malformed_storage_url_is_one_line_that_prints_no_part_of_its_password(tmp_path, monkeypatch, url):
     """Before, an '@' in the password gave a traceback with the password in it (storage.resolve caught
@@ -139,7 +140,8 @@ def test_the_run_s_inputs_beside_its_settings_come_back_typed_and_an_older_row_r
                    draft_models=["/models/d"], model_given="org/m", max_model_len=4096, longest_request=702,
                    choices={"VLLM_CPU_OMP_THREADS_BIND": ["auto", "0-1"]}, quality_text_hash="abc",
                    traffic={"name": "mine"}, traffic_source={"path": "t.jsonl"}, storage="postgresql",
-                   arrivals="rate:4", objective="goodput", num_prompts=50, slo_e2e_p99_ms=900.0)
+                   arrivals="rate:4", objective="goodput", num_prompts=50, slo_e2e_p99_ms=900.0, capacity="1,2,4",
+                   price_per_hour=1.2, target_rate=20.0)
     assert all(v != Inputs.__dataclass_fields__[k].default for k, v in asdict(given).items()
                if not isinstance(v, (list, dict)))   # a field dropped on the way would read as its default
     ledger = Ledger(tmp_path / "ledger.sqlite")

@@ -15,6 +15,8 @@ import pytest
 
 from agent.ledger import Ledger
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

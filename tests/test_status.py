@@ -8,7 +8,10 @@ import time
 from datetime import UTC
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
+
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
 
 HERE = Path(__file__).parent
 

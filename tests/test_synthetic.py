@@ -14,6 +14,7 @@ import pytest
 
 from sandbox.traffic import load
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
 
 def _write(out, *args):
     return subprocess.run([sys.executable, "-m", "agent.cli", "traffic", "random", str(out), *args],

@@ -17,6 +17,8 @@ from sandbox import bench
 from sandbox.traffic import TrafficError, load, sharegpt_kept, split_of
 from sandbox.workload import load_workload
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_server.py"
 

@@ -13,6 +13,7 @@ from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
 from agent.loop import run_search
 
+pytestmark = pytest.mark.slow   # nights of the loop on the wall clock (tests/conftest.py: not in `pytest -m unit`)
 
 def night(tmp_path, engine, gate=GateSettings(), **settings):
     ledger = Ledger(tmp_path / "ledger.sqlite")

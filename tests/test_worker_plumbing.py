@@ -21,6 +21,8 @@ from sandbox import server as server_mod
 from sandbox import spec as specs
 from sandbox.worker import run_trial
 
+pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
+
 FAKE = (str(Path(__file__).with_name("fake_server.py")),)
 
 

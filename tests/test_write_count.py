@@ -4,6 +4,7 @@ the ledger's own engine (Optuna's study is another database), a seeded run on th
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from fake_engine import FakeEngine
 from sqlalchemy import event
 
@@ -17,6 +18,8 @@ from agent.ledger import Ledger, Run
 # the phases behind them are one transaction (a crash between the two left a row without its phases).
 # A refused candidate: opened, its result recorded, its gate's verdict. A pass adds the held-out
 # instances' phases, its decision, and the branch's name.
+pytestmark = pytest.mark.slow   # nights of the loop on the wall clock (tests/conftest.py: not in `pytest -m unit`)
+
 MOST = {"refused": 3, "failed": 3, "dominated": 6, "accepted": 6}
 
 
