@@ -85,7 +85,7 @@ def measure_into(ctx: RunContext, seams: Seams, trial: Trial) -> None:
         ledger.update(run, calibration={**(run.calibration or {}), "capacity": why})
         say("capacity", line=f"capacity: {why}; the night goes on")
         return
-    ledger.transition(trial, commit=commit)
+    ledger.set_branch(trial, commit)
     say("capacity", line=f"capacity: written into {trial.branch} at {commit[:10]}: {summary(figures)}")
 
 

@@ -10,7 +10,7 @@ from rich.markup import escape
 from sqlalchemy.exc import OperationalError
 
 from agent import ledger as ledgers
-from agent import part, paths
+from agent import migrations, part, paths
 from agent import storage as storages
 from agent.request import RunError, Stopped
 from agent.terminal import console
@@ -43,11 +43,14 @@ def where() -> storages.Storage:
 def open_ledger() -> ledgers.Ledger:
     found = where()
     if found.kind == "sqlite":
-        return ledgers.Ledger(paths.home() / "ledger.sqlite")
+        try:
+            return ledgers.Ledger(paths.home() / "ledger.sqlite")
+        except migrations.UnknownState as e:
+            raise fail(str(e), 1) from None
     try:
         storages.prepare(found)
         return ledgers.Ledger(found.ledger_url)
-    except storages.StorageError as e:
+    except (storages.StorageError, migrations.UnknownState) as e:
         raise fail(str(e), 1) from None
     except OperationalError as e:
         raise fail(f"--storage: cannot use {found.describe()}: {storages.first_line(e)}", 1) from None

@@ -15,6 +15,7 @@ from agent import ledger as ledgers
 from agent import storage as storages
 from agent import views
 from agent.cli_base import fail, open_ledger
+from agent.states import Status
 from agent.terminal import out
 
 ledger_app = typer.Typer(help="Every trial of every run: table, JSON, CSV, one trial in full, or SQL.")
@@ -24,7 +25,7 @@ ledger_app = typer.Typer(help="Every trial of every run: table, JSON, CSV, one t
 def ledger_list(
     ctx: typer.Context,
     run_id: str = typer.Option(None, "--run", help="Only this run (default: all)."),
-    status: str = typer.Option(None, help="ok, failed, skipped, interrupted or running."),
+    status: Status = typer.Option(None, help="Only the trials whose process ended so."),
     best: bool = typer.Option(False, help="Only accepted trials, best first."),
     as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
     as_csv: bool = typer.Option(False, "--csv", help="CSV instead of a table."),

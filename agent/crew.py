@@ -27,7 +27,8 @@ from agent import study as studies
 from agent.devices import Slot
 from agent.engine import reap, worker_env
 from agent.ledger import Ledger, Run, Trial, Worker, utcnow
-from agent.states import Decision
+from agent.states import Decision, Status, WorkerRole, WorkerStatus
+from sandbox.contract import FailureClass
 
 STOP_GRACE_S = 120.0   # a local worker's trial in flight gets this long to end and be recorded
 
@@ -46,7 +47,7 @@ def token() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
 
 
-def join(ledger: Ledger, run: Run, slot: Slot, role: str) -> Worker:
+def join(ledger: Ledger, run: Run, slot: Slot, role: WorkerRole) -> Worker:
     host = socket.gethostname()
     me = ledger.add(Worker(run_id=run.id, name=f"{host}/{slot.index}", host=host, pid=os.getpid(),
                            slot=slot.index, device=slot.device, role=role, heartbeat_at=ledger.now()))
@@ -74,7 +75,8 @@ class Heartbeat:
         self._thread.join(timeout=10)
         try:
             now = self.ledger.now()
-            self.ledger.claim(Worker, self.me.id, {"status": "running"}, status="stopped", stopped_at=now,
+            self.ledger.claim(Worker, self.me.id, {"status": WorkerStatus.RUNNING}, status=WorkerStatus.STOPPED,
+                              stopped_at=now,
                               heartbeat_at=now)
         except Exception:  # noqa: BLE001 - the database may be the reason we stop; the others will notice
             pass
@@ -85,7 +87,8 @@ class Heartbeat:
                 os.kill(os.getpid(), signal.SIGTERM)   # ends the trial in flight cleanly, as Ctrl-C does
                 return
             try:
-                if not self.ledger.claim(Worker, self.me.id, {"status": "running"}, heartbeat_at=self.ledger.now()):
+                if not self.ledger.claim(Worker, self.me.id, {"status": WorkerStatus.RUNNING},
+                                         heartbeat_at=self.ledger.now()):
                     self.lost.set()
             except Exception:  # noqa: BLE001 - a database away for a while: the main loop stops on its next write
                 continue
@@ -116,11 +119,12 @@ def bury(ledger: Ledger, run: Run, study: studies.Study | None, home: Path, say)
         # coordinator that was only slow must not find its trial recorded for it.
         if w.status != "running" or w.role == "coordinator" or age_s(w.heartbeat_at, now) < grace_s():
             continue
-        if not ledger.claim(Worker, w.id, {"status": "running", "heartbeat_at": w.heartbeat_at}, status="lost",
+        if not ledger.claim(Worker, w.id, {"status": WorkerStatus.RUNNING, "heartbeat_at": w.heartbeat_at},
+                            status=WorkerStatus.LOST,
                             stopped_at=now, note=f"no heartbeat since {w.heartbeat_at}"):
             continue
         done.append(f"worker {w.name} ({w.device}) lost: no heartbeat since {w.heartbeat_at}")
-        for t in ledger.trials(run.id, status="running"):
+        for t in ledger.trials(run.id, status=Status.RUNNING):
             if t.worker_id == w.id:
                 done += interrupt(ledger, t, study, home if w.host == socket.gethostname() else None,
                                   f"its worker {w.name} fell silent (no heartbeat since {w.heartbeat_at})")
@@ -132,7 +136,8 @@ def bury(ledger: Ledger, run: Run, study: studies.Study | None, home: Path, say)
 def interrupt(ledger: Ledger, t: Trial, study: studies.Study | None, home: Path | None, why: str) -> list[str]:
     """Record a trial in flight whose worker is gone as interrupted (once), tell its Optuna trial FAIL
     and, on this host, end whatever processes the trial left."""
-    if not ledger.claim(Trial, t.id, {"status": "running"}, status="interrupted", failure_class="interrupted",
+    if not ledger.claim(Trial, t.id, {"status": Status.RUNNING}, status=Status.INTERRUPTED,
+                        failure_class=FailureClass.INTERRUPTED,
                         failure_message=why, finished_at=utcnow()):
         return []
     done = [f"trial {t.number}: interrupted ({why})"]
@@ -172,7 +177,7 @@ def refuse_leftovers(ledger: Ledger, run_id: str, worker_id: int | None = None) 
     done = []
     for t in ledger.trials(run_id):
         if t.decision == Decision.PUT_FORWARD and worker_id in (None, t.worker_id) and ledger.claim(
-                Trial, t.id, {"decision": "put_forward"}, decision="refused", gate_passed=False,
+                Trial, t.id, {"decision": Decision.PUT_FORWARD}, decision=Decision.REFUSED, gate_passed=False,
                 gate_reasons=[*(t.gate_reasons or []), "put forward after the coordinator's last decision "
                               "(the run had ended): not re-checked, not committed"]):
             done.append(f"trial {t.number}: put forward after the run ended, refused without a re-check")

@@ -14,7 +14,7 @@ from agent.ledger import Trial
 from agent.recording import finish, measure, record
 from agent.states import CANDIDATES, Decision, Source, Status
 from agent.stats import compare
-from sandbox.contract import ResultError, TrialResult, read_result
+from sandbox.contract import FailureClass, ResultError, TrialResult, read_result
 
 
 def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
@@ -50,9 +50,9 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
                   search_interval=[round(verdict.search.low, 4),
                                    round(verdict.search.high, 4)] if verdict.search else None,
                   figure_corrected=round(row.figure / base.drift, 3) if row.figure else None,
-                  decision="failed" if not result.ok else
-                  ("awaiting_recheck" if verdict.passed and settings.recheck
-                   else None if verdict.passed else "refused"))
+                  decision=Decision.FAILED if not result.ok else
+                  (Decision.AWAITING_RECHECK if verdict.passed and settings.recheck
+                   else None if verdict.passed else Decision.REFUSED))
     if result.ok and verdict.passed:
         decide_passed(ctx, seams, row, base, history, coordinator)
     seams.say("result", number=row.number, row=row)
@@ -84,7 +84,8 @@ def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, histo
     else:
         why = "no trial folder recorded"
     if result is None:
-        return finish(seams.ledger, row, status="interrupted", failure_class="interrupted", gate_passed=None,
+        return finish(seams.ledger, row, status=Status.INTERRUPTED, failure_class=FailureClass.INTERRUPTED,
+                      gate_passed=None,
                       failure_message=f"cut between its measurement and its gate, and its result cannot be "
                                       f"read ({why}): measured again")
     seams.say("phase", number=row.number, phase="judged from its recorded result after a crash cut its gate")
@@ -112,12 +113,12 @@ def decide_passed(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, his
     put forward (a worker's), or, on the coordinator, decided on held-out prompts and branched."""
     settings, ledger = ctx.settings, seams.ledger
     if by := slower_than_branched(row, history, base, settings.gate):
-        ledger.transition(row, gate_passed=False, decision="dominated", gate_reasons=[*(row.gate_reasons or []), by])
+        ledger.decide(row, Decision.DOMINATED, by, passed=False)
     elif not coordinator:
-        ledger.transition(row, decision="put_forward")
+        ledger.decide(row, Decision.PUT_FORWARD)
     else:
         if settings.recheck and row.decision != Decision.AWAITING_RECHECK:   # a worker's, put forward
-            ledger.transition(row, decision="awaiting_recheck")
+            ledger.decide(row, Decision.AWAITING_RECHECK)
         if held_out(ctx, seams, row, base, history) if settings.recheck else search_only(seams, row, settings.gate):
             branch(ctx, seams, row, base, history)
 
@@ -144,13 +145,13 @@ def cut_short(seams: Seams, row: Trial, result: TrialResult, base: Baseline) -> 
     assert result.bench is not None and row.figure is not None   # measured, if only in part
     ratio = round(result.bench.value / (base.figure * base.drift), 4)
     if p := result.pruned:
-        decision = "pruned"
+        decision = Decision.PRUNED
         why = (f"pruned after {p['after_requests']} of {p['of']} requests: at most {p['upper']:.2f} "
                f"{objective.of(row.meter).unit}, below {p['below']:.2f} "
                f"(the defaults' {base.figure * base.drift:.2f} less the "
                f"spread of one instance at {gate.PRUNE_LEVEL:.1%})")
     else:
-        decision = "speed-only"
+        decision = Decision.SPEED_ONLY
         why = (f"not faster on the search prompts: {ratio:.3f}x the defaults; quality not measured "
                f"(speed only: {result.quality_skipped})")
     row = finish(seams.ledger, row, search_ratio=ratio, gate_passed=False, decision=decision, constraint=0.0,
@@ -165,8 +166,8 @@ def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:
     assert row.search_interval is not None   # the gate compared it on the search prompts
     low, high = row.search_interval
     accepted = low > need
-    seams.ledger.transition(row, gate_passed=accepted, decision="accepted" if accepted else "refused",
-                        gate_reasons=[f"search {row.search_ratio:.3f}x [{low:.3f}, "
+    seams.ledger.transition(row, gate_passed=accepted, decision=Decision.ACCEPTED if accepted else Decision.REFUSED,
+                            gate_reasons=[f"search {row.search_ratio:.3f}x [{low:.3f}, "
                                       f"{high:.3f}] {'clears' if accepted else 'does not clear'} {need:.3f}"])
     return accepted
 
@@ -179,7 +180,8 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
     try:
         first = servers.candidate()
     except MeasureFailed as e:
-        seams.ledger.transition(row, gate_passed=False, decision="refused", gate_reasons=[f"held-out re-check: {e}"])
+        seams.ledger.transition(row, gate_passed=False, decision=Decision.REFUSED,
+                                gate_reasons=[f"held-out re-check: {e}"])
         return False
     decision = gate.decide(first, base, ctx.settings.gate, servers.candidate, servers.defaults, row.search_ratio)
     c = decision.comparison
@@ -188,7 +190,7 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
         row, heldout_instances=[round(x, 3) for x in decision.candidate],
         heldout_figure=round(values[len(values) // 2], 3), heldout_ratio=round(c.ratio, 4),
         heldout_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=decision.accepted,
-        decision="accepted" if decision.accepted else "refused", gate_reasons=decision.reasons,
+        decision=Decision.ACCEPTED if decision.accepted else Decision.REFUSED, gate_reasons=decision.reasons,
         timings={**row.timings, "recheck_s": round(sum(servers.times), 1), "recheck_first_s": servers.times[0]})
     return decision.accepted
 
@@ -215,16 +217,17 @@ class HeldOutServers:
         ledger, row = self.seams.ledger, self.row
         base = next(t for t in self.history if t.source == Source.BASELINE)
         extra = ledger.add_trial(Trial(
-            run_id=self.ctx.run.id, source="extra", params={}, worker_id=self.ctx.worker_id, flags=base.flags,
+            run_id=self.ctx.run.id, source=Source.EXTRA, params={}, worker_id=self.ctx.worker_id, flags=base.flags,
             env=base.env, lossless=True,
             rationale=f"the defaults on held-out prompts, for trial {row.number}'s decision"))
         try:
             like = defaults_like(self.history, self.ctx.heldout_points)
             result, figure = self._instance(extra, 1, like)
         except MeasureFailed as e:
-            finish(ledger, extra, status="failed", failure_class="recheck", failure_message=str(e), decision="failed")
+            finish(ledger, extra, status=Status.FAILED, failure_class=FailureClass.RECHECK, failure_message=str(e),
+                   decision=Decision.FAILED)
             raise
-        finish(ledger, extra, status="ok", heldout_figure=figure, decision="extra", constraint=0.0,
+        finish(ledger, extra, status=Status.OK, heldout_figure=figure, decision=Decision.EXTRA, constraint=0.0,
                meter=result.workload, timings=result.timings, log_path=result.log_path,
                gate_reasons=[f"extra instance of the defaults for trial {row.number}'s held-out decision"])
         return figure
@@ -260,16 +263,16 @@ def branch(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: l
     worse on the run's SLO latencies: a dominated config is recorded as such, not branched."""
     ledger = seams.ledger
     if (by := dominated_by(row, history, base, ctx.settings.gate)) is not None:
-        ledger.transition(row, decision="dominated", gate_reasons=[*row.gate_reasons, by])
+        ledger.decide(row, Decision.DOMINATED, by)
         return
     name = f"agent/{ctx.run.id}/{row.number}"
     try:
         commit = gitops.commit_branch(seams.repo, name, proposal.files(ctx.run, row), proposal.message(ctx.run, row))
-        ledger.transition(row, branch=name, commit=commit)
+        ledger.set_branch(row, commit, name)
     except (gitops.RepoError, git.GitError, OSError, ValueError) as e:
         # Stays accepted with no branch: `agent doctor` names it and the resume commits it (loop.settle).
         # ValueError: files it could not write (deploy.DeployError, a results.json the schema refuses).
-        ledger.transition(row, gate_reasons=[*row.gate_reasons, f"not committed: {e}"])
+        ledger.add_reason(row, f"not committed: {e}")
         seams.say("phase", number=row.number, phase=f"accepted, but its branch was not committed: {e}")
 
 

@@ -11,7 +11,7 @@ from agent.context import RunContext, Seams, inputs_of
 from agent.gate import Baseline, GateSettings, Instance
 from agent.ledger import Trial
 from agent.recording import measure, open_trial, record
-from agent.states import CANDIDATES, DEFAULTS, Source, Status
+from agent.states import CANDIDATES, DEFAULTS, Decision, Source, Status
 from agent.stats import compare
 from sandbox.contract import goodput_lower_bound
 
@@ -91,7 +91,7 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     history = ledger.trials(run.id)
     done = sum(1 for t in history if t.source == Source.BASELINE and t.status == Status.OK)
     for i in range(settings.baseline_instances - done):
-        last = run_defaults(ctx, seams, "baseline", "engine defaults")
+        last = run_defaults(ctx, seams, Source.BASELINE, "engine defaults")
         measured = [t for t in ledger.trials(run.id) if t.source == Source.BASELINE and t.status == Status.OK]
         planned = fits_a_decision(ctx, last, settings.baseline_instances - done - i - 1, True, first=done + i == 0,
                                   instances=measured)
@@ -101,12 +101,12 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
     history = ledger.trials(run.id)
     aa = next((t for t in history if t.source == Source.AA and t.status == Status.OK), None)
     if aa is None:
-        aa = run_defaults(ctx, seams, "aa", "A/A check: the defaults again, judged as a candidate")
+        aa = run_defaults(ctx, seams, Source.AA, "A/A check: the defaults again, judged as a candidate")
         history = ledger.trials(run.id)   # with any further device's instance that landed meanwhile
     first, verdict = judged_aa(history, settings.gate)
     assert verdict is not None   # the A/A instance is measured: it has a verdict
     if aa.decision is None:
-        ledger.transition(aa, decision="aa-passed" if verdict.passed else "aa-failed", gate_passed=None,
+        ledger.transition(aa, decision=Decision.AA_PASSED if verdict.passed else Decision.AA_FAILED, gate_passed=None,
                       gate_reasons=[verdict.line], search_ratio=round(verdict.speed.ratio, 4),
                       search_interval=[round(verdict.speed.low, 4), round(verdict.speed.high, 4)],
                       flips=[f.as_dict() for f in verdict.flips], rule=verdict.calibration.rule, constraint=0.0,
@@ -120,7 +120,7 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
             say("fewer_defaults", noise=base.measured_noise.sd, instances=len(base.search) + len(base.unscreened),
                 why=refused)
             break
-        run_defaults(ctx, seams, "baseline", "more instances of the defaults: " + (
+        run_defaults(ctx, seams, Source.BASELINE, "more instances of the defaults: " + (
             "the A/A check called them faster or slower than themselves" if verdict.add_instances
             else f"their noise is above {settings.gate.noisy:.0%}"))
         history = ledger.trials(run.id)
@@ -134,7 +134,8 @@ def measure_baseline(ctx: RunContext, seams: Seams) -> Baseline:
         if t.source == Source.BASELINE and t.status == Status.OK and t.figure is not None and t.ppl is not None:
             ledger.transition(t, search_ratio=round(t.figure / base.figure, 4),
                           ppl_change=round(t.ppl / base.ppl - 1, 5),
-                          gate_passed=None, gate_reasons=["baseline"], decision="baseline", constraint=0.0)
+                          gate_passed=None, gate_reasons=["baseline"], decision=Decision.BASELINE,
+                              constraint=0.0)
     record_baseline(ctx, seams, base, verdict)
     if plan:   # at the noise measured now: how many looks a gain near it takes
         say("plan", **plan)
@@ -212,7 +213,7 @@ def goodput_start(history: list[Trial]) -> float | None:
     return round(math.exp(sum(map(math.log, found)) / len(found)), 6) if found else None
 
 
-def run_defaults(ctx: RunContext, seams: Seams, source: str, rationale: str) -> Trial:
+def run_defaults(ctx: RunContext, seams: Seams, source: Source, rationale: str) -> Trial:
     """One fresh server with the engine defaults, measured on the search prompts; the A/A instance on
     the held-out prompts too (its figure there is what held-out decisions first compare with). Under
     goodput every instance after the first starts its search at the defaults' figure so far, as
@@ -264,14 +265,15 @@ def drift_due(history: list[Trial], drift_every: int) -> bool:
 def check_drift(ctx: RunContext, seams: Seams, base: Baseline) -> None:
     """Measure the defaults again; a move the prediction bounds exclude (and of at least DRIFT_MIN) is
     the machine's, and is divided out from now on. Otherwise the instance joins the defaults' noise."""
-    row = run_defaults(ctx, seams, "drift", f"drift check after {ctx.settings.drift_every} candidate trials")
+    row = run_defaults(ctx, seams, Source.DRIFT, f"drift check after {ctx.settings.drift_every} candidate trials")
     assert row.figure is not None   # run_defaults raised where the defaults measured nothing
     c = compare([row.figure], base.search, base.noise, ctx.settings.gate.level)
     moved = (c.low > 1 or c.high < 1) and abs(c.ratio - 1) > DRIFT_MIN
     drift = round(c.ratio, 4) if moved else 1.0
     seams.ledger.transition(row, drift=drift, figure_corrected=round(row.figure / drift, 3),
                         search_ratio=round(c.ratio, 4),
-                        search_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=None, decision="drift",
+                        search_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=None,
+                            decision=Decision.DRIFT,
                         constraint=0.0,
                         gate_reasons=[f"drift check: defaults now at {c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}] of "
                                       f"the baseline; " + (f"correcting by {drift}" if moved else

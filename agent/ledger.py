@@ -12,11 +12,13 @@ import json
 import time
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from sqlalchemy import (
     JSON,
+    Enum,
     Float,
     ForeignKey,
     Integer,
@@ -35,6 +37,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, defer, mapped_column, relationship, sessionmaker
 
 from agent import migrations, states
+from agent.states import Decision, RunStatus, Source, Status, WorkerRole, WorkerStatus
+from sandbox.contract import FailureClass
 
 
 def utcnow() -> str:
@@ -43,6 +47,13 @@ def utcnow() -> str:
 
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+def state(kind: type[StrEnum]) -> Enum:
+    """A state column: one of `kind`'s members, stored as its string (what the column held before it
+    was typed, so old ledgers and users' SQL read the same), refused on write if it is not one."""
+    return Enum(kind, native_enum=False, create_constraint=False, length=32, validate_strings=True,
+                values_callable=lambda members: [m.value for m in members])
 
 
 RowT = TypeVar("RowT", bound=Base)   # a row of any table: what is written comes back as its own type
@@ -61,7 +72,7 @@ class Run(Base):
     started_at: Mapped[str] = mapped_column(String, default=utcnow)
     deadline_at: Mapped[str] = mapped_column(String)       # fixed at the start: a restart cannot extend it
     finished_at: Mapped[str | None] = mapped_column(String)
-    status: Mapped[str] = mapped_column(String, default="running")  # running, finished, stopped, failed
+    status: Mapped[RunStatus] = mapped_column(state(RunStatus), default=RunStatus.RUNNING)
     model: Mapped[str] = mapped_column(String)
     model_revision: Mapped[str | None] = mapped_column(String)   # the Hub commit a model id resolved to
     engine: Mapped[str | None] = mapped_column(String)
@@ -91,15 +102,14 @@ class Trial(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
     number: Mapped[int] = mapped_column(Integer)
-    # baseline, aa, extra, drift (instances of the defaults), planner, sampler
-    source: Mapped[str] = mapped_column(String)
+    source: Mapped[Source] = mapped_column(state(Source))   # the defaults' instances, planner or sampler
     optuna_number: Mapped[int | None] = mapped_column(Integer)
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)   # the point of the space
     flags: Mapped[dict[str, Any]] = mapped_column(default=dict)    # what reached vLLM
     env: Mapped[dict[str, Any]] = mapped_column(default=dict)
     lossless: Mapped[bool | None]
-    status: Mapped[str] = mapped_column(String, default="running")  # running, ok, failed, interrupted, skipped
-    failure_class: Mapped[str | None] = mapped_column(String)
+    status: Mapped[Status] = mapped_column(state(Status), default=Status.RUNNING)
+    failure_class: Mapped[FailureClass | None] = mapped_column(state(FailureClass))
     failure_message: Mapped[str | None] = mapped_column(Text)
     failure_cause: Mapped[str | None] = mapped_column(Text)   # vLLM's own words (its log's root cause)
     failed_phase: Mapped[str | None] = mapped_column(String)  # preflight, start, warmup, bench, quality, ...
@@ -128,7 +138,7 @@ class Trial(Base):
     kl: Mapped[float | None] = mapped_column(Float)          # mean KL divergence from the baseline (nats)
     flips: Mapped[list[Any] | None] = mapped_column(JSON)    # first divergence per prompt, with its margin (nats)
     rule: Mapped[str | None] = mapped_column(String)         # which greedy rule decided: exact, calibrated, lossy
-    decision: Mapped[str | None] = mapped_column(String)     # accepted, dominated, refused, awaiting_recheck, ...
+    decision: Mapped[Decision | None] = mapped_column(state(Decision))
     constraint: Mapped[float | None] = mapped_column(Float)  # what Optuna was told (0: feasible)
     gate_passed: Mapped[bool | None]
     gate_reasons: Mapped[list[Any]] = mapped_column(default=list)
@@ -158,6 +168,50 @@ class Trial(Base):
             return None
         low, high = self.heldout_interval
         return f"{self.heldout_ratio:.3f}x held-out [{low:.3f}, {high:.3f}]"
+
+
+class TrialWrite(TypedDict, total=False):
+    """The columns a trial's write may give, each with its column's type: a state is a member of its
+    kind (states.Status, Decision, FailureClass), never a bare string, and a misspelt column is a
+    type error before it is a run-time one (Ledger.transition checks again)."""
+    status: Status
+    decision: Decision | None
+    failure_class: FailureClass | None
+    failure_message: str | None
+    failure_cause: str | None
+    failed_phase: str | None
+    log_tail: str | None
+    lossless: bool | None
+    figure: float | None
+    figure_interval: list[Any] | None
+    search_ratio: float | None
+    drift: float | None
+    figure_corrected: float | None
+    heldout_figure: float | None
+    heldout_ratio: float | None
+    heldout_instances: list[Any] | None
+    heldout_interval: list[Any] | None
+    search_interval: list[Any] | None
+    ppl: float | None
+    ppl_change: float | None
+    agreement: float | None
+    ttft_p99_ms: float | None
+    itl_p99_ms: float | None
+    errors: int | None
+    metrics: dict[str, Any]
+    greedy: list[Any] | None
+    top_logprobs: list[Any] | None
+    kl: float | None
+    flips: list[Any] | None
+    rule: str | None
+    constraint: float | None
+    gate_passed: bool | None
+    gate_reasons: list[Any]
+    timings: dict[str, Any]
+    log_path: str | None
+    meter: dict[str, Any]
+    measured: dict[str, Any] | None
+    finished_at: str | None
 
 
 class Repeat(Base):
@@ -262,8 +316,8 @@ class Worker(Base):
     pid: Mapped[int] = mapped_column(Integer)
     slot: Mapped[int] = mapped_column(Integer)
     device: Mapped[str] = mapped_column(String)    # "GPU 1", "cores 2-3", or "host" (one worker, everything)
-    role: Mapped[str] = mapped_column(String)      # coordinator (re-checks, commits) or worker
-    status: Mapped[str] = mapped_column(String, default="running")   # running, stopped, lost
+    role: Mapped[WorkerRole] = mapped_column(state(WorkerRole))
+    status: Mapped[WorkerStatus] = mapped_column(state(WorkerStatus), default=WorkerStatus.RUNNING)
     started_at: Mapped[str] = mapped_column(String, default=utcnow)
     heartbeat_at: Mapped[str] = mapped_column(String, default=utcnow)
     stopped_at: Mapped[str | None] = mapped_column(String)
@@ -317,7 +371,10 @@ class Ledger:
 
         fresh = not inspect(self.engine).has_table("runs")
         self._create_tables()
-        self.migrated = migrations.apply(self.engine, fresh, Base.metadata.tables, Migration.__table__)
+        try:
+            self.migrated = migrations.apply(self.engine, fresh, Base.metadata.tables, Migration.__table__)
+        except migrations.UnknownState as e:
+            raise migrations.UnknownState(f"{self.where}: {e}") from None
         self.session = sessionmaker(self.engine, expire_on_commit=False)
 
     def _create_tables(self) -> None:
@@ -369,7 +426,7 @@ class Ledger:
             q = update(model).where(model.id == id_, *(getattr(model, k) == v for k, v in expect.items()))
             return _changed(s.execute(q.values(**values))) == 1
 
-    def record_result(self, row: Trial, repeats: list[float], **values: Any) -> bool:
+    def record_result(self, row: Trial, repeats: list[float], **values: Unpack[TrialWrite]) -> bool:
         """A running trial's result: its figures and its server's measured phases in one transaction
         (a crash leaves both or neither); False where another process recorded it as interrupted first."""
         states.check_move(row.number, "status", states.Status.RUNNING, values["status"])
@@ -382,15 +439,39 @@ class Ledger:
             setattr(row, key, value)
         return True
 
+    def decide(self, row: Trial, decision: Decision, reason: str | None = None, *,
+               passed: bool | None = None) -> Trial:
+        """A candidate's decision, with the reason added to its gate's (`passed`: its gate_passed,
+        where the decision changes it)."""
+        values: TrialWrite = {"decision": decision}
+        if reason is not None:
+            values["gate_reasons"] = [*(row.gate_reasons or []), reason]
+        if passed is not None:
+            values["gate_passed"] = passed
+        return self.transition(row, **values)
+
+    def add_reason(self, row: Trial, reason: str) -> Trial:
+        """A line added to a trial's reasons (a branch that could not be committed, say)."""
+        return self.transition(row, gate_reasons=[*(row.gate_reasons or []), reason])
+
+    def set_branch(self, row: Trial, commit: str, name: str | None = None) -> Trial:
+        """An accepted trial's branch (its name, given once) and the commit it stands on."""
+        if name is None:
+            return self._move(row, {"commit": commit})
+        return self._move(row, {"branch": name, "commit": commit})
+
     def workers(self, run_id: str) -> list[Worker]:
         with self.session() as s:
             return list(s.scalars(select(Worker).where(Worker.run_id == run_id).order_by(Worker.id)))
 
-    def transition(self, row: Trial, **values: Any) -> Trial:
+    def transition(self, row: Trial, **values: Unpack[TrialWrite]) -> Trial:
         """A trial's write: its status and decision only along the moves agent.states allows, from the
         ones the database still holds (a move another process made since `row` was read raises
         Superseded, and this write is dropped), and only the given columns, each a column of the
         table (a misspelt one is an error, not a value silently never saved)."""
+        return self._move(row, dict(values))
+
+    def _move(self, row: Trial, values: dict[str, Any]) -> Trial:
         self._columns(row, values)
         for field in ("status", "decision"):
             if field in values:
@@ -438,7 +519,7 @@ class Ledger:
         with self.session() as s:
             return list(s.scalars(select(Run).order_by(Run.started_at.desc())))
 
-    def trials(self, run_id: str | None = None, status: str | None = None) -> list[Trial]:
+    def trials(self, run_id: str | None = None, status: Status | None = None) -> list[Trial]:
         with self.session() as s:
             q = select(Trial).order_by(Trial.run_id, Trial.number)
             if run_id:

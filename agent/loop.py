@@ -42,7 +42,8 @@ from agent.points import Point
 from agent.recording import Superseded, finish, open_trial
 from agent.screening import excluded, facts_for, learn, refusal_check
 from agent.space import Space
-from agent.states import CANDIDATES, DEFAULTS, Source, Status
+from agent.states import CANDIDATES, DEFAULTS, RunStatus, Source, Status
+from sandbox.contract import FailureClass
 
 # After this many asks in a row that only repeat answered points, the space is spent.
 MAX_REPEATS_IN_A_ROW = 200
@@ -116,7 +117,7 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
                                                    facts_for(settings.facts, now.rules), k=1))
             sampler_space = narrow(sampler_space, planner, seen_by_planner, ctx.run, seams)
         if not studies.waiting(study) and (first := next_near(near, seen, sampler_space)):
-            study.enqueue_trial(first, user_attrs={"source": "sampler", "knobs": list(first), "rationale":
+            study.enqueue_trial(first, user_attrs={"source": Source.SAMPLER, "knobs": list(first), "rationale":
                                                    "one knob changed from the engine's defaults"})
         ran = candidate(ctx, seams, study, sampler_space, seen, now, coordinator=True)
         repeats_in_a_row = 0 if ran else repeats_in_a_row + 1
@@ -124,7 +125,7 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
             seams.say("exhausted", asks=repeats_in_a_row)
             break
     wind_down(ctx, seams, study, me)
-    return ledger.update(ctx.run, status="finished", finished_at=utcnow())
+    return ledger.update(ctx.run, status=RunStatus.FINISHED, finished_at=utcnow())
 
 
 def work(ctx: RunContext, seams: Seams, storage, me: Worker, lost: Callable[[], bool] = lambda: False) -> None:
@@ -139,7 +140,7 @@ def work(ctx: RunContext, seams: Seams, storage, me: Worker, lost: Callable[[], 
     ctx = replace(ctx, defaults=defaults)
     if not any(t.source in (Source.BASELINE, Source.DEVICE) and t.worker_id == me.id and t.status == Status.OK
                for t in ledger.trials(run.id)):
-        run_defaults(ctx, seams, "device", f"the defaults on {me.device} of {me.host}: this device's instance of "
+        run_defaults(ctx, seams, Source.DEVICE, f"the defaults on {me.device} of {me.host}: this device's instance of "
                                            f"the baseline")
     if wait_for(ledger, run, lambda r: r.baseline_figure, say, "the baseline and the A/A check") is None:
         return
@@ -167,7 +168,7 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
     """Ask the study for one point and try it; False when the point was answered already (no server)."""
     ledger, say = seams.ledger, seams.say
     trial = study.ask()
-    source = trial.user_attrs.get("source", "sampler")
+    source = Source(trial.user_attrs.get("source", Source.SAMPLER))
     # A planner's proposal or a first single-knob point is exactly its knobs (the rest stay at
     # engine defaults); the sampler's own trials walk the whole space, within any narrowed range.
     point = ({n: ctx.space.knobs[n].suggest(trial) for n in trial.user_attrs["knobs"]}
@@ -186,7 +187,8 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
     say("trial", number=row.number, source=row.source, params=point, left_s=now.left,
         best=best_ratio(now.history), rationale=row.rationale)
     if why := excluded(ctx, point, now.rules):
-        row = finish(ledger, row, constraint=1.0, failure_class="invalid_config", **why)
+        why["constraint"], why["failure_class"] = 1.0, FailureClass.INVALID_CONFIG
+        row = finish(ledger, row, **why)
         say("result", number=row.number, row=row)
     else:
         try:

@@ -155,3 +155,28 @@ def m006_capacity(conn: Connection, tables: dict) -> None:
     """The `capacity` table: each config's ladder of loads and what it is worth (`agent capacity`,
     2026-12-07). The ledger's opening creates a missing table; this names the change and makes sure."""
     tables["capacity"].create(conn, checkfirst=True)
+
+
+class UnknownState(ValueError):
+    """A stored state no member of its kind has: the ledger cannot be read as typed until it is settled."""
+
+
+@migration
+def m007_states_typed(conn: Connection, tables: dict) -> None:
+    """States became typed columns (agent.states, sandbox.failures.FailureClass: 2026-12-07), stored as
+    the same strings. A failure class no member has becomes `worker_error`, its old name kept at the
+    head of the failure message; any other state no member has stops the opening, naming it. Read and
+    written as plain text here: the typed columns would refuse the very values this looks for."""
+    from sqlalchemy import Enum
+
+    for table in tables.values():
+        for column in (c for c in table.columns if isinstance(c.type, Enum)):
+            name = f'"{column.name}"'
+            stored = {v for (v,) in conn.execute(text(f"SELECT DISTINCT {name} FROM {table.name}")) if v is not None}
+            for value in sorted(stored - set(column.type.enums)):
+                if column.name != "failure_class":
+                    raise UnknownState(f"{table.name}.{column.name} holds {value!r}, which no version of the agent "
+                                       f"wrote; set it to one of {', '.join(column.type.enums)} and open it again")
+                conn.execute(text(f"UPDATE {table.name} SET failure_class = 'worker_error', failure_message = "
+                                  f":note || coalesce(failure_message, '') WHERE failure_class = :value"),
+                             {"note": f"(failure class {value}) ", "value": value})

@@ -27,7 +27,7 @@ from agent import study as studies
 from agent.context import Inputs, RunContext, Seams, Settings, inputs_of, settings_of
 from agent.log import event_logger
 from agent.request import RunError, Stopped, choices, facts, run_space, served_model
-from agent.states import Decision
+from agent.states import Decision, RunStatus, Status, WorkerRole, WorkerStatus
 from agent.terminal import console, say
 from sandbox.contract import prepare_model
 
@@ -77,7 +77,7 @@ def take_part(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, engi
     settings, space = run_settings(row, home=home)
     engine = make_engine(engine_slot)
     engine.allow(recording.allowed(space, settings))   # what a trial may set and serve: checked by the worker
-    me = crew.join(ledger, row, slot, "worker" if home else "coordinator")
+    me = crew.join(ledger, row, slot, WorkerRole.WORKER if home else WorkerRole.COORDINATOR)
     events = (home / row.id / f"events-worker-{me.id}.jsonl" if home
               else Path(row.settings["home"]) / row.id / "events.jsonl")
     signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
@@ -109,30 +109,30 @@ def coordinate(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
             finally:
                 crew.stop(procs)   # each ends its trial in flight and records it
     except KeyboardInterrupt:
-        close_interrupted(ledger, row.id, "stopped")
+        close_interrupted(ledger, row.id, RunStatus.STOPPED)
         raise Stopped(f"stopped: run {row.id}; the trial in flight was ended and recorded "
                       f"(continue with: agent run --resume {row.id})") from None
     except BudgetTooShort as e:   # said before the budget was spent: nothing failed, the run is over
-        close_interrupted(ledger, row.id, "finished")
+        close_interrupted(ledger, row.id, RunStatus.FINISHED)
         raise RunError(str(e), 1) from None
     except BaselineFailed as e:
-        close_interrupted(ledger, row.id, "failed")
+        close_interrupted(ledger, row.id, RunStatus.FAILED)
         raise RunError(str(e), 1) from None
     except DirtyMachine as e:
-        close_interrupted(ledger, row.id, "stopped")
+        close_interrupted(ledger, row.id, RunStatus.STOPPED)
         raise RunError(f"{e}. Stopped rather than blame the next config; once `agent doctor --run {row.id}` "
                        f"finds nothing left: agent run --resume {row.id}", 1) from None
     except OperationalError as e:  # the database's transactions leave it consistent; only this run stops
         raise ledger_gone(ledger, row.id, e) from None
     except OSError as e:   # a disk full under the run's folder (events.jsonl, a trial's files): stopped, resumable
-        close_interrupted(ledger, row.id, "stopped")
+        close_interrupted(ledger, row.id, RunStatus.STOPPED)
         raise RunError(f"run {row.id} stopped: {e}; the trial in flight was ended and recorded. Free the space, "
                        f"then: agent run --resume {row.id}", 1) from None
     except (GitCommandError, studies.StorageError) as e:
         # A branch not written, or the study not told: the ledger row of the trial in flight says what
         # was measured; a resume repairs the study from the ledger and re-proposes what is missing.
         try:
-            close_interrupted(ledger, row.id, "stopped")
+            close_interrupted(ledger, row.id, RunStatus.STOPPED)
         except OperationalError as gone:   # the study failed because the database itself went away
             raise ledger_gone(ledger, row.id, gone) from None
         what = "git" if isinstance(e, GitCommandError) else "the Optuna study"
@@ -199,7 +199,7 @@ def interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why
     from agent.loop import judge_cut
 
     study = studies.recorded(row.id, study_storage(), ledger.trials(row.id))   # loaded once, for all three
-    for t in ledger.trials(row.id, status="running"):
+    for t in ledger.trials(row.id, status=Status.RUNNING):
         if t.worker_id == me.id:
             crew.interrupt(ledger, t, study, home, why)
     if part is not None and study is not None:
@@ -210,7 +210,7 @@ def interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why
         crew.refuse_leftovers(ledger, row.id, me.id)
 
 
-def close_interrupted(ledger: ledgers.Ledger, run_id: str, status: str) -> None:
+def close_interrupted(ledger: ledgers.Ledger, run_id: str, status: RunStatus) -> None:
     run_row = ledger.run(run_id)
     if run_row is None:
         raise RunError(f"run {run_id} is not in {ledger.where}", 1)
@@ -254,7 +254,8 @@ def reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
                        f"its heartbeat {crew.age_s(live.heartbeat_at, now):.0f} s ago; one coordinator per run", 1)
     for w in ledger.workers(run_id):   # one resume wins: each silent coordinator row claimed on the heartbeat read
         if w.role == "coordinator" and w.status == "running" and not ledger.claim(
-                ledgers.Worker, w.id, {"status": "running", "heartbeat_at": w.heartbeat_at}, status="lost",
+                ledgers.Worker, w.id, {"status": WorkerStatus.RUNNING, "heartbeat_at": w.heartbeat_at},
+                status=WorkerStatus.LOST,
                 stopped_at=now, note="silent at a resume"):
             raise RunError(f"--resume: run {run_id}'s coordinator {w.name} wrote a heartbeat, or another resume "
                            f"took it over, just now; one coordinator per run", 1)
@@ -270,7 +271,7 @@ def reopen(ledger: ledgers.Ledger, run_id: str) -> ledgers.Run:
                        f"started with")
     for line in recovery.repair(ledger, row, study_storage(), repo):
         say(f"  repaired: {line}")
-    return ledger.update(row, status="running", finished_at=None, owner=owner)
+    return ledger.update(row, status=RunStatus.RUNNING, finished_at=None, owner=owner)
 
 
 def settle_finished(ledger: ledgers.Ledger, run_id: str) -> bool:

@@ -3,16 +3,18 @@ what the worker found."""
 
 from __future__ import annotations
 
+from typing import Unpack
+
 from agent import clock
 from agent.context import RunContext, Seams, Settings
-from agent.ledger import Ledger, Trial, utcnow
+from agent.ledger import Ledger, Trial, TrialWrite, utcnow
 from agent.space import Space
-from agent.states import Superseded
+from agent.states import Source, Status, Superseded
 from agent.stats import interval
-from sandbox.contract import TrialResult
+from sandbox.contract import FailureClass, TrialResult
 
 
-def open_trial(ctx: RunContext, ledger: Ledger, point: dict, source: str,
+def open_trial(ctx: RunContext, ledger: Ledger, point: dict, source: Source,
                optuna_number: int | None = None, rationale: str | None = None) -> Trial:
     flags, env = ctx.space.to_flags_env(point)
     return ledger.add_trial(Trial(run_id=ctx.run.id, source=source, optuna_number=optuna_number, params=point,
@@ -62,9 +64,9 @@ def measure(ctx: RunContext, seams: Seams, row: Trial, timeout_s: float, suffix:
 def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
     """The worker's result into the row, once; the row as written is returned."""
     failure, bench, quality = result.failure, result.bench, result.quality
-    values = dict(
-        status=result.status, failure_class=failure and failure.klass,
-        failure_message=failure and failure.message, failure_cause=failure and failure.cause,
+    values = TrialWrite(
+        status=Status(result.status), failure_class=FailureClass(failure.klass) if failure else None,
+        failure_message=failure.message if failure else None, failure_cause=failure.cause if failure else None,
         failed_phase=result.failed_phase, log_tail=(failure and failure.log_tail) or None,
         figure=bench.value if bench else None, ppl=quality.ppl if quality else None,
         heldout_figure=result.bench_heldout.value if result.bench_heldout else None,
@@ -93,5 +95,6 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
     return row
 
 
-def finish(ledger: Ledger, row: Trial, **values) -> Trial:
-    return ledger.transition(row, finished_at=utcnow(), **values)
+def finish(ledger: Ledger, row: Trial, **values: Unpack[TrialWrite]) -> Trial:
+    values["finished_at"] = utcnow()
+    return ledger.transition(row, **values)

@@ -32,7 +32,8 @@ from agent import space as spaces
 from agent import study as studies
 from agent.engine import reap, trial_processes
 from agent.ledger import Ledger, Run, Trial, Worker, utcnow
-from agent.states import Decision, Status
+from agent.states import Decision, Status, WorkerStatus
+from sandbox.contract import FailureClass
 
 
 class Busy(RuntimeError):
@@ -121,9 +122,9 @@ def _lost_workers(ledger: Ledger, run: Run) -> list[str]:
     worker on another host may still be going, and keeps its trial in flight."""
     done, host = [], socket.gethostname()
     for w in ledger.workers(run.id):
-        if w.status == "running" and w.host == host and not _alive(w.pid) and \
-                ledger.claim(Worker, w.id, {"status": "running"}, status="lost", stopped_at=utcnow(),
-                             note="gone at the resume"):
+        if w.status == WorkerStatus.RUNNING and w.host == host and not _alive(w.pid) and \
+                ledger.claim(Worker, w.id, {"status": WorkerStatus.RUNNING}, status=WorkerStatus.LOST,
+                             stopped_at=utcnow(), note="gone at the resume"):
             done.append(f"worker {w.name}: gone, recorded as lost")
     return done
 
@@ -134,13 +135,13 @@ def _trials_in_flight(ledger: Ledger, run: Run, going: set[int]) -> list[str]:
         if t.status == Status.RUNNING and t.worker_id in going:
             continue   # a worker on another host measures it now
         if t.status == Status.RUNNING:
-            ledger.transition(t, status="interrupted", failure_class="interrupted", finished_at=utcnow(),
-                          failure_message="the agent stopped while this trial was in flight")
+            ledger.transition(t, status=Status.INTERRUPTED, failure_class=FailureClass.INTERRUPTED,
+                              finished_at=utcnow(), failure_message="the agent stopped while this trial was in flight")
             done.append(f"trial {t.number}: in flight at the crash, recorded as interrupted")
         elif t.decision == Decision.AWAITING_RECHECK and not t.branch:
             # Passed on the search prompts, cut inside its held-out decision: not lost, but put forward
             # as a worker's candidate is, so the resumed coordinator decides it (a crash costs no candidate).
-            ledger.transition(t, gate_passed=None, decision="put_forward", gate_reasons=[
+            ledger.transition(t, gate_passed=None, decision=Decision.PUT_FORWARD, gate_reasons=[
                 *(t.gate_reasons or []), "interrupted during its held-out decision: decided again after the resume"])
             done.append(f"trial {t.number}: stopped during its held-out decision, put forward to be decided again")
     return done
@@ -195,10 +196,10 @@ def _branches(ledger: Ledger, run: Run, repo: git.Repo) -> list[str]:
     for number, sha in _our_branches(repo, run).items():
         row = rows.get(number)
         if row is not None and row.branch is None and f"Agent-Trial: {number}" in repo.commit(sha).message:
-            ledger.transition(row, branch=f"{gitops.PREFIX}{run.id}/{number}", commit=sha)
+            ledger.set_branch(row, sha, f"{gitops.PREFIX}{run.id}/{number}")
             done.append(f"trial {number}: branch created just before the crash, recorded in the ledger")
         elif row is not None and row.commit and sha != row.commit and _worth_on(repo.commit(sha), row.commit):
-            ledger.transition(row, commit=sha)
+            ledger.set_branch(row, sha)
             done.append(f"trial {number}: its worth under load was committed just before the crash, recorded "
                         f"in the ledger")
     return done

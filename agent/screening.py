@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from agent import clock, refusals
 from agent.context import RefusalCheck, RunContext, Seams
-from agent.ledger import LearnedRule, Trial
-from agent.states import Status
+from agent.ledger import LearnedRule, Trial, TrialWrite
+from agent.states import Decision, Status
 
 
 def refusal_check(ctx: RunContext, seams: Seams) -> RefusalCheck | None:
@@ -29,18 +29,20 @@ def refusal_check(ctx: RunContext, seams: Seams) -> RefusalCheck | None:
     return refused
 
 
-def excluded(ctx: RunContext, point: dict, rules: list[LearnedRule]) -> dict | None:
+def excluded(ctx: RunContext, point: dict, rules: list[LearnedRule]) -> TrialWrite | None:
     """Why a point is not started (the row's final values), or None: it goes to a real server."""
     if broken := ctx.space.broken_rules(point):
-        return dict(status="skipped", decision="skipped",
-                    failure_message=f"excluded by the space's rules: {'; '.join(broken)}")
+        return TrialWrite(status=Status.SKIPPED, decision=Decision.SKIPPED,
+                          failure_message=f"excluded by the space's rules: {'; '.join(broken)}")
     if rule := refusals.matching(point, rules):
-        return dict(status="skipped", decision="skipped",
-                    failure_message=f"contains learned rule {rule.id} ({refusals.describe(rule.settings)}), which "
-                                    f"vLLM refused at {rule.stage} in trial {rule.from_trial}: {rule.message}")
+        return TrialWrite(status=Status.SKIPPED, decision=Decision.SKIPPED,
+                          failure_message=f"contains learned rule {rule.id} ({refusals.describe(rule.settings)}), "
+                                          f"which vLLM refused at {rule.stage} in trial {rule.from_trial}: "
+                                          f"{rule.message}")
     started = clock.monotonic()
     if ctx.refusal_check and (message := ctx.refusal_check(point)):
-        return dict(status="failed", decision="failed", failure_message=f"refused at pre-flight: {message}",
+        return TrialWrite(status=Status.FAILED, decision=Decision.FAILED,
+                          failure_message=f"refused at pre-flight: {message}",
                     failure_cause=message, failed_phase="preflight",
                     timings={"preflight_s": round(clock.monotonic() - started, 3)})
     return None

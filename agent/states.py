@@ -56,6 +56,24 @@ class Decision(StrEnum):
     AA_FAILED = "aa-failed"
 
 
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class WorkerStatus(StrEnum):
+    RUNNING = "running"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+
+class WorkerRole(StrEnum):
+    COORDINATOR = "coordinator"   # re-checks on held-out prompts and commits branches
+    WORKER = "worker"             # measures and puts forward
+
+
 CANDIDATES = frozenset({Source.PLANNER, Source.SAMPLER})
 DEFAULTS = frozenset(Source) - CANDIDATES
 # The instances of the defaults measured on the search prompts (an extra measures the held-out ones only).

@@ -18,7 +18,7 @@ import optuna
 from agent import states
 from agent.ledger import Trial
 from agent.points import Point
-from agent.states import Status
+from agent.states import Source, Status
 
 # multivariate/group/constraints TPE are marked experimental; they are what this loop needs.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -134,7 +134,7 @@ def waiting(study: optuna.Study) -> bool:
 
 def enqueue(study: optuna.Study, proposals: list) -> None:
     for p in proposals:
-        study.enqueue_trial(p.params, user_attrs={"source": "planner", "rationale": p.rationale,
+        study.enqueue_trial(p.params, user_attrs={"source": Source.PLANNER, "rationale": p.rationale,
                                                   "expected": p.expected, "knobs": list(p.params)})
 
 
@@ -150,7 +150,7 @@ def told_so_far(study: optuna.Study, sampler_per_planner: int) -> tuple[dict[Poi
                                               t.system_attrs.get("constraints") or [1.0])[0]) for t in done}
     since = 0
     for t in reversed(done):
-        if t.user_attrs.get("source") == "planner":
+        if t.user_attrs.get("source") == Source.PLANNER:
             return seen, since
         since += 1
     return seen, sampler_per_planner

@@ -10,6 +10,7 @@ user's traffic and meters, the host's facts, and the embedded model.
 from sandbox.allowed import check as check_allowed
 from sandbox.allowed import digest as allowed_digest
 from sandbox.arrivals import unit_times
+from sandbox.failures import FailureClass
 from sandbox.goodput import lower_bound as goodput_lower_bound
 from sandbox.host import engine as engine_info
 from sandbox.host import gpu_memory_used_mib, gpus, hardware, visible_ids
@@ -31,7 +32,7 @@ from sandbox.workload import Workload, check_objective, file_digest, latency_of,
 
 __all__ = [
     # the trial's two files
-    "TrialResult", "Figures", "Quality", "ResultError", "read_result", "failed_result", "SpecError",
+    "TrialResult", "Figures", "Quality", "ResultError", "read_result", "failed_result", "SpecError", "FailureClass",
     # flags and variables checked before they reach a spec
     "FLAG_NAME", "ENV_ALLOWLIST", "check_flags", "check_env", "check_allowed", "allowed_digest",
     # the user's traffic and the meters

@@ -7,9 +7,28 @@ the class back to the sampler so it learns which regions of the space do not run
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 
-CLASSES = ("invalid_config", "oom", "start_timeout", "crashed", "request_errors", "bad_output",
-           "unclean_teardown", "interrupted", "worker_error", "port_in_use", "model_unavailable")
+
+class FailureClass(StrEnum):
+    """Why a trial failed, as the ledger stores it (its string)."""
+    INVALID_CONFIG = "invalid_config"
+    OOM = "oom"
+    START_TIMEOUT = "start_timeout"
+    CRASHED = "crashed"
+    REQUEST_ERRORS = "request_errors"
+    BAD_OUTPUT = "bad_output"
+    UNCLEAN_TEARDOWN = "unclean_teardown"
+    INTERRUPTED = "interrupted"
+    WORKER_ERROR = "worker_error"
+    PORT_IN_USE = "port_in_use"
+    MODEL_UNAVAILABLE = "model_unavailable"
+    # Written by the agent, never by the worker: an instance of the defaults started for a held-out
+    # decision that could not be measured (its server failed, or the budget ended first).
+    RECHECK = "recheck"
+
+
+CLASSES = tuple(k.value for k in FailureClass if k is not FailureClass.RECHECK)   # what a worker can say
 TAIL_LINES = 40
 
 # Ordered: the first class whose pattern matches wins. Memory first, because an allocation

@@ -45,9 +45,13 @@ def test_an_old_ledger_opens_migrates_once_and_reads_as_a_new_one(tmp_path, fixt
     before = db.execute("SELECT settings, workload FROM runs").fetchone()
     had = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE name = 'migrations'")} and \
         {row[0] for row in db.execute("SELECT name FROM migrations")}
+    named = [c for c in ("source", "status", "decision", "failure_class")
+             if c in {row[1] for row in db.execute("PRAGMA table_info(trials)")}]
+    states = _states(db, named)
     db.close()
     ledger = Ledger(path)
     assert ledger.migrated == [n for n in NAMES if n not in (had or set())]   # each one it lacked, in order
+    assert _states(sqlite3.connect(path), named) == states   # typed columns, the same stored strings
     db = sqlite3.connect(path)
     for table in Base.metadata.sorted_tables:
         have = {row[1] for row in db.execute(f"PRAGMA table_info({table.name})")}
@@ -71,6 +75,29 @@ def test_an_old_ledger_opens_migrates_once_and_reads_as_a_new_one(tmp_path, fixt
     assert old == [(18.0, None), (22.0, 1.222), (None, None)]
     assert db.execute("SELECT baseline_tps FROM runs").fetchall() == [(18.0,)]
     assert Ledger(path).migrated == []   # opened again: nothing to do
+
+
+def _states(db: sqlite3.Connection, named: list[str]) -> list:
+    return db.execute(f"SELECT {', '.join(named)} FROM trials ORDER BY number").fetchall() + \
+        db.execute("SELECT status FROM runs").fetchall()
+
+
+def test_a_failure_class_no_member_has_is_renamed_keeping_its_name_and_other_unknown_states_stop_the_opening(
+        tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    shutil.copy(FIXTURES[-1], path)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE trials SET failure_class = 'cuda_gone', failure_message = 'lost' WHERE status = 'failed'")
+    db.commit()
+    ledger = Ledger(path)
+    assert "m007_states_typed" in ledger.migrated
+    (failed,) = [t for t in ledger.trials("old") if t.status == "failed"]
+    assert (failed.failure_class, failed.failure_message) == ("worker_error", "(failure class cuda_gone) lost")
+    db.execute("UPDATE trials SET status = 'half_done' WHERE number = 0")
+    db.execute("DELETE FROM migrations WHERE name = 'm007_states_typed'")
+    db.commit()
+    with pytest.raises(migrations.UnknownState, match=f"{path}: trials.status holds 'half_done'"):
+        Ledger(path)
 
 
 def test_a_new_ledger_has_every_migration_recorded_and_runs_only_what_create_all_cannot_make(tmp_path):
