@@ -80,17 +80,16 @@ def measure(run: Run, subject: Subject, ask: Ask, engine, out_dir: Path, say: Ca
     import time
 
     until = time.monotonic() + timeout_s
-    from sandbox.contract import load_workload
+    from sandbox.contract import Ladder, SpecFile, load_workload
 
     used = settings_of(run)
     meter = load_workload(used.workload)
-    inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
     try:
         model = hub.served(run.model, run.model_revision)
     except hub.ModelUnavailable as e:
         raise CapacityError(str(e)) from None
-    spec = {"model": model, "flags": subject.flags, "env": subject.env, "workload": inline, "quality": "none",
-            "repeats": used.repeats, "ladder": {"kind": ask.kind, "loads": list(ask.loads), "slo": ask.slo}}
+    spec = SpecFile.speed_only(model, subject.flags, subject.env, meter, used.repeats,
+                               Ladder(ask.kind, tuple(ask.loads), dict(ask.slo))).as_dict()
     rungs: dict[float, list] = {}
     stopped = []
     for i in range(ask.instances):

@@ -268,14 +268,14 @@ def report(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
     row = chosen_run(ledger, run_id)
     if row is None:
         raise fail(f"--run: no run {run_id!r} in {ledger.where}" if run_id else "the ledger has no runs yet")
-    row, trials = views.of_run(ledger, row.id)
+    view, trials = views.of_run(ledger, row.id)
     if as_json:
-        sys.stdout.write(json.dumps(report_text.as_json(row, trials), indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(report_text.as_json(view, trials), indent=2, default=str) + "\n")
         return
     if html_file is not None:
-        _report_html(ledger, row, trials, html_file)
+        _report_html(ledger, view, trials, html_file)
         return
-    for line in report_text.report(row, trials, ledger.learned_rules(row.id), ledger.narrowings(row.id)):
+    for line in report_text.report(view, trials, ledger.learned_rules(row.id), ledger.narrowings(row.id)):
         out.print(line, highlight=False, markup=False)   # configs hold brackets
 
 @app.command()
@@ -292,7 +292,7 @@ def status(run_id: str = typer.Option(None, "--run", help="Run id (default: the 
         out.print(line, highlight=False, markup=False)
 
 
-def _report_html(ledger: ledgers.Ledger, row: ledgers.Run, trials: list, html_file: Path) -> None:
+def _report_html(ledger: ledgers.Ledger, row: views.RunView, trials: list, html_file: Path) -> None:
     from agent.report_html import render
 
     study = studies.read(row.id, part.study_storage())   # None: a ledger copied without its study (the page says so)

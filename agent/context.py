@@ -17,6 +17,7 @@ from agent.gate import GateSettings
 from agent.ledger import Ledger, Run
 from agent.space import Space
 from agent.stats import Noise
+from agent.views import RunView
 from sandbox.contract import TrialResult
 
 
@@ -100,7 +101,7 @@ def inputs_of(run: Run) -> Inputs:
     return Inputs(**{f.name: o[f.name] for f in fields(Inputs) if f.name in o})
 
 
-def settings_of(run: Run) -> Settings:
+def settings_of(run: Run | RunView) -> Settings:
     """The settings a run was started with, from its row (agent.migrations.m003 rewrote the rows older
     agents kept flat); what a row lacks reads as its default. On another host the model, the home and
     the facts are that host's: the caller replaces them."""

@@ -14,7 +14,7 @@ from agent.ledger import Trial
 from agent.recording import finish, measure, record
 from agent.states import CANDIDATES, Decision, Source, Status
 from agent.stats import compare
-from sandbox.contract import FailureClass, ResultError, TrialResult, read_result
+from sandbox.contract import FailureClass, ResultError, StopRules, TrialResult, read_result
 
 
 def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
@@ -24,10 +24,10 @@ def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, h
     to the coordinator."""
     settings, ledger = ctx.settings, seams.ledger
     start = goodput_start(history)   # under goodput: the search starts at the defaults' figure
-    result = measure(ctx, seams, row, max(clock.seconds_left(ctx.run.deadline_at), 1), stop_rules={
-        "prune_below": gate.prune_below(base) if settings.prune else None,
-        "quality_above": gate.screen_floor(base, settings.gate) if settings.prune else None,
-        "goodput_start": start or None})
+    result = measure(ctx, seams, row, max(clock.seconds_left(ctx.run.deadline_at), 1), StopRules(
+        prune_below=gate.prune_below(base) if settings.prune else None,
+        quality_above=gate.screen_floor(base, settings.gate) if settings.prune else None,
+        goodput_start=start or None))
     row = record(ledger, row, result)
     return judge(ctx, seams, row, result, base, history, coordinator)
 
@@ -203,8 +203,7 @@ class HeldOutServers:
         from sandbox.contract import load_workload
 
         self.ctx, self.seams, self.row, self.history = ctx, seams, row, history
-        meter = load_workload(ctx.settings.workload).with_split("heldout")
-        self.inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
+        self.meter = load_workload(ctx.settings.workload).with_split("heldout")
         self.times: list[float] = []
         self.count = 0   # the candidate's instances so far
 
@@ -249,8 +248,8 @@ class HeldOutServers:
         known = goodput_start(self.history)
         start = (row.figure if target is row else known) if known else None
         result = measure(ctx, self.seams, target, max(clock.seconds_left(run.deadline_at), 1),
-                         suffix=f"-heldout{suffix}", workload=self.inline, quality="none",
-                         stop_rules={"goodput_start": start or None})
+                         StopRules(goodput_start=start or None), suffix=f"-heldout{suffix}",
+                         heldout_meter=self.meter)
         self.times.append(result.timings["total_s"])
         if not result.ok or result.bench is None:
             raise MeasureFailed(f"a held-out instance failed: {result.why()[:300]}")

@@ -13,7 +13,7 @@ from agent.ledger import Trial
 from agent.recording import measure, open_trial, record
 from agent.states import CANDIDATES, DEFAULTS, Decision, Source, Status
 from agent.stats import compare
-from sandbox.contract import goodput_lower_bound
+from sandbox.contract import StopRules, goodput_lower_bound
 
 DRIFT_MIN = 0.02  # smallest move of the defaults' TPS that is corrected as drift
 # More instances of a noisy host's defaults narrow every bound, but a run that spends its budget on
@@ -224,8 +224,8 @@ def run_defaults(ctx: RunContext, seams: Seams, source: Source, rationale: str) 
     best = max((t.claimed_ratio for t in ledger.trials(run.id) if t.branch), default=None)   # a drift check's too
     seams.say("trial", number=row.number, source=source, params={}, left_s=clock.seconds_left(run.deadline_at),
               best=best)
-    result = measure(ctx, seams, row, max(clock.seconds_left(run.deadline_at), 1), heldout_bench=source == "aa",
-                     stop_rules={"goodput_start": start or None})
+    result = measure(ctx, seams, row, max(clock.seconds_left(run.deadline_at), 1),
+                     StopRules(goodput_start=start or None), heldout_bench=source == Source.AA)
     row = record(ledger, row, result)
     if not result.ok:
         failure = result.failure

@@ -96,7 +96,27 @@ class Run(Base):
     trials: Mapped[list[Trial]] = relationship(back_populates="run", order_by="Trial.number")
 
 
-class Trial(Base):
+class Claims:
+    """What a trial's row and its frozen view (agent.views) derive from its held-out columns."""
+    heldout_ratio: Any
+    heldout_interval: Any
+    search_ratio: Any
+
+    @property
+    def claimed_ratio(self) -> float:
+        """What a branch is ranked by: its held-out ratio (the committed claim), else its search ratio."""
+        return self.heldout_ratio or self.search_ratio or 0.0
+
+    @property
+    def held_out_claim(self) -> str | None:
+        """The committed claim as people read it: the held-out ratio and its bounds."""
+        if self.heldout_ratio is None or not self.heldout_interval:
+            return None
+        low, high = self.heldout_interval
+        return f"{self.heldout_ratio:.3f}x held-out [{low:.3f}, {high:.3f}]"
+
+
+class Trial(Base, Claims):
     __tablename__ = "trials"
     __table_args__ = (UniqueConstraint("run_id", "number"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -156,18 +176,6 @@ class Trial(Base):
     run: Mapped[Run] = relationship(back_populates="trials")
     repeats: Mapped[list[Repeat]] = relationship(back_populates="trial", order_by="Repeat.id")
 
-    @property
-    def claimed_ratio(self) -> float:
-        """What a branch is ranked by: its held-out ratio (the committed claim), else its search ratio."""
-        return self.heldout_ratio or self.search_ratio or 0.0
-
-    @property
-    def held_out_claim(self) -> str | None:
-        """The committed claim as people read it: the held-out ratio and its bounds."""
-        if self.heldout_ratio is None or not self.heldout_interval:
-            return None
-        low, high = self.heldout_interval
-        return f"{self.heldout_ratio:.3f}x held-out [{low:.3f}, {high:.3f}]"
 
 
 class TrialWrite(TypedDict, total=False):

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.ledger import Run, Trial
 from agent.planner import BuiltinPlanner, Narrowing, Planner, Proposal
 from agent.space import Space
 from agent.states import Status
+from agent.views import RunView, TrialView
 
 MAX_TEXT = 300
 MAX_REPLY = 64_000      # characters; a reply this long is not a plan, and decoding it costs memory
@@ -127,7 +127,7 @@ def _plan(data, space: Space, k: int) -> tuple[list[Proposal], list[Narrowing], 
     return out, narrowings, rejected
 
 
-def history_table(history: list[Trial]) -> str:
+def history_table(history: list[TrialView]) -> str:
     lines = ["number | source | status | search_ratio | ppl_change | agreement | gate | params | failure or metrics"]
     for t in history[-40:]:
         detail = (f"{t.failure_class}: {(t.failure_message or '')[:160]}" if t.status != Status.OK
@@ -137,7 +137,7 @@ def history_table(history: list[Trial]) -> str:
     return "\n".join(lines)
 
 
-def prompt(space: Space, history: list[Trial], facts: dict, k: int) -> str:
+def prompt(space: Space, history: list[TrialView], facts: dict, k: int) -> str:
     knobs = {n: {"type": kn.type, "low": kn.low, "high": kn.high, "choices": list(kn.choices) or None,
                  "lossless": kn.lossless, "when": kn.when or None} for n, kn in space.knobs.items()}
     rules = [f"{r.require} when {r.when or 'always'}: {r.reason}" for r in space.rules]
@@ -179,7 +179,7 @@ class LLMPlanner:
             self.completion = litellm.completion
         return self.completion(**kwargs)
 
-    def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
+    def propose(self, space: Space, run: RunView, history: list[TrialView], facts: dict, k: int) -> list[Proposal]:
         text = prompt(space, history, facts, k)
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
         last_error = "no attempt"
@@ -211,7 +211,7 @@ class LLMPlanner:
             last_error = "; ".join(call.rejected)[:300] or "no proposals"
         raise PlannerUnavailable(f"{self.name}: {last_error}")
 
-    def narrow(self, space: Space, history: list[Trial]) -> list[Narrowing]:
+    def narrow(self, space: Space, history: list[TrialView]) -> list[Narrowing]:
         """The ranges the last reply asked for (validated with it), once."""
         out, self.pending = self.pending, []
         return out
@@ -224,7 +224,7 @@ class FallbackPlanner:
         self.primary, self.builtin, self.say, self.patience, self.failures = primary, BuiltinPlanner(), say, patience, 0
         self.name = primary.name
 
-    def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
+    def propose(self, space: Space, run: RunView, history: list[TrialView], facts: dict, k: int) -> list[Proposal]:
         if self.failures < self.patience:
             try:
                 proposals = self.primary.propose(space, run, history, facts, k)
@@ -236,6 +236,6 @@ class FallbackPlanner:
                          permanent=self.failures >= self.patience)
         return self.builtin.propose(space, run, history, facts, k)
 
-    def narrow(self, space: Space, history: list[Trial]) -> list[Narrowing]:
+    def narrow(self, space: Space, history: list[TrialView]) -> list[Narrowing]:
         planner = self.primary if self.failures < self.patience else self.builtin
         return planner.narrow(space, history)

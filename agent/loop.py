@@ -293,7 +293,7 @@ def narrowed(space: Space, changes: list[RangeChange]) -> Space:
     return space
 
 
-def narrow(space: Space, planner: Planner, history: list[Trial], run: Run, seams: Seams) -> Space:
+def narrow(space: Space, planner: Planner, history: list[views.TrialView], run: Run, seams: Seams) -> Space:
     """Apply and record the ranges the planner wants the sampler to keep to."""
     for n in getattr(planner, "narrow", lambda *a: [])(space, history):
         try:

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent import points
-from agent.ledger import Run, Trial
+from agent.ledger import Trial
 from agent.points import Point
 from agent.space import Space
 from agent.states import DEFAULTS_ON_SEARCH, Source, Status
+from agent.views import RunView, TrialView
 from sandbox.contract import share_above
 
 
@@ -46,12 +47,12 @@ class Narrowing:
 class Planner(Protocol):
     name: str
 
-    def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
+    def propose(self, space: Space, run: RunView, history: list[TrialView], facts: dict, k: int) -> list[Proposal]:
         """Up to k proposals, valid points of space, none already tried in history. The loop hands the
         run and its trials as frozen copies (agent.views): a planner reads them, never writes."""
         ...
 
-    def narrow(self, space: Space, history: list[Trial]) -> list[Narrowing]:
+    def narrow(self, space: Space, history: list[TrialView]) -> list[Narrowing]:
         """Ranges the sampler should keep to from now on, given what history showed (may be empty)."""
         ...
 
@@ -260,7 +261,7 @@ def _slo_that_broke(history: list[Trial], facts: dict | None = None) -> tuple[st
 class BuiltinPlanner:
     name = "builtin"
 
-    def propose(self, space: Space, run: Run, history: list[Trial], facts: dict, k: int) -> list[Proposal]:
+    def propose(self, space: Space, run: RunView, history: list[TrialView], facts: dict, k: int) -> list[Proposal]:
         ok = [t for t in history if t.status == Status.OK and t.source != Source.EXTRA]  # extra: held-out speed only
         accepted = [t for t in ok if t.gate_passed]
         best = max(accepted, key=lambda t: t.figure or 0, default=None)
@@ -284,7 +285,7 @@ class BuiltinPlanner:
                 break
         return out
 
-    def narrow(self, space: Space, history: list[Trial]) -> list[Narrowing]:
+    def narrow(self, space: Space, history: list[TrialView]) -> list[Narrowing]:
         """Keep the sampler below values that ran out of memory or time while smaller ones ran.
 
         The new top is the geometric middle between the largest value that worked and the smallest

@@ -16,8 +16,11 @@ from agent.states import Status
 
 class Row(Protocol):
     """What a point is read from: a ledger row, a planner's frozen view of one."""
-    params: Any
-    status: Any
+    @property
+    def params(self) -> Any: ...
+
+    @property
+    def status(self) -> Any: ...
 
 
 @dataclass(frozen=True, order=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from agent import deploy, objective, results_file
 from agent.context import Settings, inputs_of, settings_of
 from agent.ledger import Run, Trial
+from agent.views import RunView
 
 # Values that belong to the host that measured them, and why (Serving.host_specific).
 HOST_SPECIFIC = {
@@ -185,7 +186,7 @@ def message(run: Run, trial: Trial) -> str:
     return head + body + trailers
 
 
-def run_meter(run: Run) -> dict:
+def run_meter(run: Run | RunView) -> dict:
     """The run's meter as its trials record it (name, version, split and traffic summary)."""
     return {"name": run.workload, "meter_version": _spec(settings_of(run)).get("meter_version"),
             **((run.settings or {}).get("traffic") or {})}

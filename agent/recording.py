@@ -3,6 +3,7 @@ what the worker found."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Unpack
 
 from agent import clock
@@ -11,7 +12,7 @@ from agent.ledger import Ledger, Trial, TrialWrite, utcnow
 from agent.space import Space
 from agent.states import Source, Status, Superseded
 from agent.stats import interval
-from sandbox.contract import FailureClass, TrialResult
+from sandbox.contract import FailureClass, SpecFile, StopRules, TrialResult, Workload
 
 
 def open_trial(ctx: RunContext, ledger: Ledger, point: dict, source: Source,
@@ -22,14 +23,16 @@ def open_trial(ctx: RunContext, ledger: Ledger, point: dict, source: Source,
                                   rationale=rationale, worker_id=ctx.worker_id))
 
 
-def spec_for(ctx: RunContext, flags: dict, env: dict, stop_rules: dict | None = None, **extra) -> dict:
-    """The worker's spec of a config; stop_rules: the run's rules for cutting the trial short
-    (sandbox.spec.StopRules: prune_below, quality_above, goodput_start), those not None."""
+def spec_for(ctx: RunContext, row: Trial, stop_rules: StopRules, heldout_bench: bool = False,
+             heldout_meter: Workload | None = None) -> SpecFile:
+    """The worker's spec of a row's config on the run's meter and quality set; or, with `heldout_meter`,
+    speed alone on that (a held-out instance)."""
     s = ctx.settings
-    rules = {k: v for k, v in (stop_rules or {}).items() if v is not None}
-    return {"model": s.model, "flags": flags, "env": env, "workload": s.workload, "quality": s.quality,
-            "repeats": s.repeats, **({"quality_text": s.quality_text} if s.quality_text else {}),
-            **({"stop_rules": rules} if rules else {}), **extra}
+    if heldout_meter is not None:
+        return replace(SpecFile.speed_only(s.model, row.flags, row.env, heldout_meter, s.repeats),
+                       stop_rules=stop_rules)
+    return SpecFile(s.model, row.flags, row.env, s.workload, s.quality, s.quality_text, s.repeats, heldout_bench,
+                    stop_rules)
 
 
 def allowed(space: Space, settings: Settings, model: str | None = None) -> dict:
@@ -47,15 +50,17 @@ def allowed(space: Space, settings: Settings, model: str | None = None) -> dict:
         "workloads": sorted({meter.with_split(split).hash for split in ("search", "heldout")}), "quality": quality}}
 
 
-def measure(ctx: RunContext, seams: Seams, row: Trial, timeout_s: float, suffix: str = "", **extra) -> TrialResult:
-    """One trial process through the engine: a fresh server of the row's config, measured."""
+def measure(ctx: RunContext, seams: Seams, row: Trial, timeout_s: float, stop_rules: StopRules, suffix: str = "",
+            heldout_bench: bool = False, heldout_meter: Workload | None = None) -> TrialResult:
+    """One trial process through the engine: a fresh server of the row's config, measured (spec_for)."""
     trial_dir = ctx.home / ctx.run.id / f"trial-{row.number:03d}{suffix}"
     for again in range(2, 100):   # a decision made again after a resume: fresh folders, no stale result
         if not trial_dir.exists():
             break
         trial_dir = ctx.home / ctx.run.id / f"trial-{row.number:03d}{suffix}-again{again}"
     t0 = clock.monotonic()
-    result = seams.engine.evaluate(spec_for(ctx, row.flags, row.env, **extra), trial_dir, timeout_s,
+    spec = spec_for(ctx, row, stop_rules, heldout_bench, heldout_meter)
+    result = seams.engine.evaluate(spec.as_dict(), trial_dir, timeout_s,
                                    on_phase=lambda phase: seams.say("phase", number=row.number, phase=phase))
     result.timings["total_s"] = round(clock.monotonic() - t0, 1)
     return result

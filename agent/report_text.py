@@ -9,7 +9,7 @@ from rich.table import Table
 
 from agent import budget, objective, refusals
 from agent.gate import fmt_ms, geomean
-from agent.ledger import LearnedRule, RangeChange
+from agent.ledger import LearnedRule, RangeChange, Trial
 from agent.states import CANDIDATES, DEFAULTS_ON_SEARCH, Decision, Source, Status
 from agent.views import RunView, TrialView
 
@@ -21,7 +21,7 @@ LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("latency_ms", "e2e"), ("
              ("itl_ms", "chunk gap"))
 
 
-def claim(t: TrialView) -> str:
+def claim(t: Trial | TrialView) -> str:
     """A branch's claim as the morning reader needs it: held-out ratio and bounds, search ratio beside."""
     return f"{t.held_out_claim}, {t.search_ratio:.3f}x search" if t.held_out_claim else f"{t.search_ratio:.3f}x search"
 

@@ -110,16 +110,14 @@ def _claim(ledger: Ledger, repo: git.Repo, branch: str) -> tuple[results_file.Re
 def _spec(run: Run, used: Settings, flags: dict, env: dict, split: str, branch: str) -> dict:
     """One config on the run's meter and split, speed only: the branch's quality was measured through its
     own server and is in its results."""
-    from sandbox.contract import load_workload
+    from sandbox.contract import SpecFile, load_workload
 
     meter = load_workload(used.workload).with_split(split)
     try:   # the commit the branch was measured with, for a model given by Hub id
         model = hub.served(run.model, run.model_revision)
     except hub.ModelUnavailable as e:
         raise VerifyError(f"{branch}: {e}") from None
-    inline = {k: getattr(meter, k) for k in meter.__dataclass_fields__}
-    return {"model": model, "flags": flags, "env": env, "workload": inline, "quality": "none",
-            "repeats": used.repeats}
+    return SpecFile.speed_only(model, flags, env, meter, used.repeats).as_dict()
 
 
 def checked_claim(ledger: Ledger, branch: str, rounds: Rounds, say: Callable[[str], None]) -> tuple[list[str], int]:

@@ -24,7 +24,7 @@ from sandbox.result import Figures, Quality, ResultError, TrialResult
 from sandbox.result import failed as failed_result
 from sandbox.result import read as read_result
 from sandbox.server import session_members
-from sandbox.spec import ENV_ALLOWLIST, FLAG_NAME, SpecError, check_env, check_flags
+from sandbox.spec import ENV_ALLOWLIST, FLAG_NAME, SpecError, SpecFile, StopRules, check_env, check_flags
 from sandbox.traffic import Request, Traffic, TrafficError
 from sandbox.traffic import load as load_traffic
 from sandbox.workload import Quality as QualitySet
@@ -32,7 +32,8 @@ from sandbox.workload import Workload, check_objective, file_digest, latency_of,
 
 __all__ = [
     # the trial's two files
-    "TrialResult", "Figures", "Quality", "ResultError", "read_result", "failed_result", "SpecError", "FailureClass",
+    "SpecFile", "StopRules", "TrialResult", "Figures", "Quality", "ResultError", "read_result", "failed_result",
+    "SpecError", "FailureClass",
     # flags and variables checked before they reach a spec
     "FLAG_NAME", "ENV_ALLOWLIST", "check_flags", "check_env", "check_allowed", "allowed_digest",
     # the user's traffic and the meters

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,43 @@ class TrialSpec:
     def server_args(self) -> list[str]:
         """The flags as an argv tail, in the spec's order."""
         return argv_of(self.flags)
+
+
+@dataclass(frozen=True)
+class SpecFile:
+    """A trial's spec as the agent writes it into the trial's folder: plain values, the one shape of
+    the file. `from_dict` reads it back, checked, as the TrialSpec the worker runs."""
+    model: str
+    flags: dict[str, Any]
+    env: dict[str, str]
+    workload: str | dict[str, Any]   # a shipped profile's name, or a workload as a mapping
+    quality: str = "default"         # a quality set's name, or "none": no quality phase
+    quality_text: str | None = None
+    repeats: int = 1
+    heldout_bench: bool = False
+    stop_rules: StopRules = field(default_factory=StopRules)
+    ladder: Ladder | None = None
+
+    @classmethod
+    def speed_only(cls, model: str, flags: dict, env: dict, meter: Workload, repeats: int,
+                   ladder: Ladder | None = None) -> SpecFile:
+        """A config measured for speed alone on a workload already loaded (a held-out instance, a
+        verify round, a capacity ladder): the workload inline, as loaded."""
+        return cls(model, flags, env, inline(meter), "none", repeats=repeats, ladder=ladder)
+
+    def as_dict(self) -> dict[str, Any]:
+        rules = {k: v for k, v in asdict(self.stop_rules).items() if v is not None}
+        return {"model": self.model, "flags": self.flags, "env": self.env, "workload": self.workload,
+                "quality": self.quality, "repeats": self.repeats,
+                **({"quality_text": self.quality_text} if self.quality_text else {}),
+                **({"stop_rules": rules} if rules else {}),
+                **({"heldout_bench": True} if self.heldout_bench else {}),
+                **({"ladder": self.ladder.as_dict()} if self.ladder else {})}
+
+
+def inline(meter: Workload) -> dict[str, Any]:
+    """A loaded workload as the mapping a spec carries (its traffic's path in it)."""
+    return {k: getattr(meter, k) for k in meter.__dataclass_fields__}
 
 
 def argv_of(flags: dict) -> list[str]:

@@ -83,22 +83,25 @@ def run_rules(space, workload="smoke", quality="quick", model="m"):
 
 def the_agents_spec(space, run_workload="smoke", run_quality="quick", **change):
     """A spec as agent.recording.spec_for writes it for the run's settings, then changed."""
-    from agent.context import RunContext, Settings
-    from agent.ledger import Run
-    from agent.recording import spec_for
+    return {**_spec(space, run_workload, run_quality, heldout=False), **change}
 
-    ctx = RunContext(Run(id="r"), Settings(model="m", workload=run_workload, quality=run_quality), space)
+
+def _spec(space, workload: str, quality: str, heldout: bool) -> dict:
+    from agent.context import RunContext, Settings
+    from agent.ledger import Run, Trial
+    from agent.recording import spec_for
+    from sandbox.spec import StopRules
+    from sandbox.workload import load_workload
+
+    ctx = RunContext(Run(id="r"), Settings(model="m", workload=workload, quality=quality), space)
     flags, env = space.to_flags_env({})
-    return {**spec_for(ctx, flags, env, stop_rules={"prune_below": 3.0}), **change}
+    meter = load_workload(workload).with_split("heldout") if heldout else None
+    return spec_for(ctx, Trial(flags=flags, env=env), StopRules(prune_below=3.0), heldout_meter=meter).as_dict()
 
 
 def held_out_spec(space, workload="smoke"):
     """The held-out instance's spec, as agent.decision.held_out writes it: the heldout split inline, no quality."""
-    from sandbox.workload import load_workload
-
-    meter = load_workload(workload).with_split("heldout")
-    return the_agents_spec(space, workload, workload={k: getattr(meter, k) for k in meter.__dataclass_fields__},
-                           quality="none")
+    return _spec(space, workload, "quick", heldout=True)
 
 
 # Every key of a trial spec (sandbox.spec.TrialSpec, plus quality_text) and what decides it: the run's

@@ -77,3 +77,13 @@ def test_the_reports_read_views_and_a_view_derives_the_claim_as_its_row_does(tmp
     assert any("agent/r/0" in line for line in status.status(ledger, run, tmp_path))
     assert [type(x).__name__ for x in (seen[0][0], *seen[0][1])] == ["RunView", "TrialView"]
     assert any("1.100x held-out" in line for line in report_text.summary(*views.of_run(ledger, "r")))
+
+
+@pytest.mark.parametrize("view, row", [(views.TrialView, Trial), (views.RunView, Run)])
+def test_a_view_has_each_column_of_its_table_with_the_columns_type_less_the_gates_bulk(view, row):
+    from dataclasses import fields
+
+    columns = {c: row.__annotations__[c].removeprefix("Mapped[")[:-1] for c in row.__table__.columns.keys()
+               if c not in views.BULK}
+    assert {f.name: f.type for f in fields(view)} == columns
+    assert [f.name for f in fields(view)] == list(columns)   # in the table's order
