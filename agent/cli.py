@@ -161,7 +161,7 @@ def worker(
         slots = part.slots_here(of or workers)
         if slot is None and workers > 1:   # one process per device, each as if started alone
             raise typer.Exit(part.workers_here(row.id, slots))
-        part.work(ledger, row, part.slot_of(slots, slot), parent)
+        part.run_worker(ledger, row, part.slot_of(slots, slot), parent)
 
 
 @app.command()

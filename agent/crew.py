@@ -152,7 +152,7 @@ def interrupt(ledger: Ledger, t: Trial, study: studies.Study | None, home: Path 
 
 
 
-def settle(ledger: Ledger, run: Run, study: studies.Study | None, me: Worker) -> list[str]:
+def tell_recorded(ledger: Ledger, run: Run, study: studies.Study | None, me: Worker) -> list[str]:
     """A stopping worker's finished rows whose Optuna trials are still RUNNING: told as recorded, with
     the value, state and constraint the loop would have told (the study as `studies.recorded` loads it).
     A candidate measured but not gated is left to whoever judges it (agent.loop.judge_cut)."""

@@ -281,7 +281,7 @@ class MeasureFailed(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Decision:
+class HeldOutOutcome:
     accepted: bool
     reasons: list[str]
     comparison: Comparison
@@ -289,8 +289,8 @@ class Decision:
     extra_defaults: list[float]  # default instances measured for this decision
 
 
-def decide(first: float, base: Baseline, settings: GateSettings, more_candidate: Callable[[], float],
-           more_defaults: Callable[[], float], search_ratio: float | None = None) -> Decision:
+def sequential_test(first: float, base: Baseline, settings: GateSettings, more_candidate: Callable[[], float],
+           more_defaults: Callable[[], float], search_ratio: float | None = None) -> HeldOutOutcome:
     """A sequential test of the held-out ratio, looking again after each fresh instance.
 
     Accept when the lower bound (at `level`) clears 1 + min_gain: the claim committed. Refuse when
@@ -307,7 +307,7 @@ def decide(first: float, base: Baseline, settings: GateSettings, more_candidate:
             try:
                 extras.append(more_defaults())
             except MeasureFailed as e:
-                return Decision(False, [f"no instance of the defaults on the held-out prompts: {e}"],
+                return HeldOutOutcome(False, [f"no instance of the defaults on the held-out prompts: {e}"],
                                 compare(candidate, candidate, Noise(0.0, 0)), candidate, extras)
             continue
         noise = base.noise_with(candidate, extras)
@@ -316,20 +316,20 @@ def decide(first: float, base: Baseline, settings: GateSettings, more_candidate:
                f"against {len(defaults)} of the defaults")
         drop = _drop(search_ratio, c, noise)
         if c.low > need:
-            return Decision(True, [f"{why}: clears {need:.3f}{drop}"], c, candidate, extras)
+            return HeldOutOutcome(True, [f"{why}: clears {need:.3f}{drop}"], c, candidate, extras)
         target = sized_gain(settings, noise)
         if _favours_no_gain(c, noise, math.log(need), target):
-            return Decision(False, [f"{why}: favours no gain over the {target - 1:.0%} the test is sized for{drop}"],
-                            c, candidate, extras)
+            return HeldOutOutcome(False, [f"{why}: favours no gain over the {target - 1:.0%} the test is sized "
+                                          f"for{drop}"], c, candidate, extras)
         if len(candidate) >= settings.max_instances:
-            return Decision(False, [f"{why}: undecided after {len(candidate)} instances, not shown to clear "
+            return HeldOutOutcome(False, [f"{why}: undecided after {len(candidate)} instances, not shown to clear "
                                     f"{need:.3f}{drop}"], c, candidate, extras)
         try:
             if len(defaults) <= len(candidate):
                 extras.append(more_defaults())
             candidate.append(more_candidate())
         except MeasureFailed as e:
-            return Decision(False, [f"{why}; then {e}"], c, candidate, extras)
+            return HeldOutOutcome(False, [f"{why}; then {e}"], c, candidate, extras)
 
 
 def sized_gain(settings: GateSettings, noise: Noise) -> float:

@@ -447,7 +447,7 @@ class Ledger:
             setattr(row, key, value)
         return True
 
-    def decide(self, row: Trial, decision: Decision, reason: str | None = None, *,
+    def set_decision(self, row: Trial, decision: Decision, reason: str | None = None, *,
                passed: bool | None = None) -> Trial:
         """A candidate's decision, with the reason added to its gate's (`passed`: its gate_passed,
         where the decision changes it)."""

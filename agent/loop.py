@@ -6,7 +6,7 @@ and faster on fresh instances and held-out prompts) -> ledger (every trial, fail
 git (accepted, undominated configs only). Each step reads the run's rows once (Snapshot); what a
 step measures flows on in memory and is written to its row once. The steps: agent.defaults (the
 baseline, the A/A, drift), agent.screening (points not started), agent.recording (a trial's row),
-agent.decision (gate, held-out decision, branch).
+agent.judging (gate, held-out decision, branch).
 """
 
 from __future__ import annotations
@@ -18,15 +18,6 @@ from dataclasses import dataclass, replace
 from agent import branch_worth, budget, clock, crew, points, views
 from agent import study as studies
 from agent.context import RunContext, Seams
-from agent.decision import (
-    branch,
-    decide_put_forward,
-    judge_again,
-    judge_candidate,
-    put_forward,
-    unbranched,
-    unjudged,
-)
 from agent.defaults import (
     baseline_from,
     check_drift,
@@ -36,13 +27,22 @@ from agent.defaults import (
     run_defaults,
 )
 from agent.gate import Baseline
+from agent.judging import (
+    branch,
+    judge_again,
+    judge_candidate,
+    judge_put_forward,
+    put_forward,
+    unbranched,
+    unjudged,
+)
 from agent.ledger import LearnedRule, Ledger, RangeChange, Run, Trial, Worker, utcnow
 from agent.planner import BuiltinPlanner, Planner
 from agent.points import Point
 from agent.recording import Superseded, finish, open_trial
 from agent.screening import excluded, facts_for, learn, refusal_check
 from agent.space import Space
-from agent.states import CANDIDATES, DEFAULTS, RunStatus, Source, Status
+from agent.states import CANDIDATES, DEFAULTS, RunStatus, Source, Status, WorkerRole
 from sandbox.contract import FailureClass
 
 # After this many asks in a row that only repeat answered points, the space is spent.
@@ -84,7 +84,7 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
     measure_baseline(ctx, seams)
     ctx = replace(ctx, refusal_check=refusal_check(ctx, seams))
     study = studies.open(ctx.run.id, storage, settings.seed, settings.sampler)
-    settle(ctx, seams, study)
+    catch_up(ctx, seams, study)
     sampler_space = narrowed(ctx.space, ledger.narrowings(ctx.run.id))
     # One-knob changes stand in for TPE's random start-up points, as many as it would draw: more of them
     # delayed the best config on the simulated engine (docs/results.md, the search benchmark).
@@ -105,7 +105,7 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
             check_drift(ctx, seams, now.base)
             continue
         if forward := put_forward(now.history):
-            decide_put_forward(ctx, seams, forward, now.base, now.history)
+            judge_put_forward(ctx, seams, forward, now.base, now.history)
             continue
         if not studies.waiting(study) and (cut := cut_once(now.history, seen)):
             study.enqueue_trial(cut.params, user_attrs={"source": cut.source, "knobs": list(cut.params), "rationale":
@@ -119,7 +119,7 @@ def run_search(ctx: RunContext, seams: Seams, storage, planner: Planner | None =
         if not studies.waiting(study) and (first := next_near(near, seen, sampler_space)):
             study.enqueue_trial(first, user_attrs={"source": Source.SAMPLER, "knobs": list(first), "rationale":
                                                    "one knob changed from the engine's defaults"})
-        ran = candidate(ctx, seams, study, sampler_space, seen, now, coordinator=True)
+        ran = candidate(ctx, seams, study, sampler_space, seen, now, WorkerRole.COORDINATOR)
         repeats_in_a_row = 0 if ran else repeats_in_a_row + 1
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             seams.say("exhausted", asks=repeats_in_a_row)
@@ -156,7 +156,7 @@ def work(ctx: RunContext, seams: Seams, storage, me: Worker, lost: Callable[[], 
         crew.bury(ledger, run, study, ctx.home, say)
         seen, _ = studies.told_so_far(study, ctx.settings.sampler_per_planner)
         sampler_space = narrowed(ctx.space, ledger.narrowings(run.id))   # the coordinator's planner narrows it
-        ran = candidate(ctx, replace(seams, repo=None), study, sampler_space, seen, now, coordinator=False)
+        ran = candidate(ctx, replace(seams, repo=None), study, sampler_space, seen, now, WorkerRole.WORKER)
         repeats_in_a_row = 0 if ran else repeats_in_a_row + 1
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             say("exhausted", asks=repeats_in_a_row)
@@ -164,7 +164,7 @@ def work(ctx: RunContext, seams: Seams, storage, me: Worker, lost: Callable[[], 
 
 
 def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space: Space, seen: dict,
-              now: Snapshot, coordinator: bool) -> bool:
+              now: Snapshot, role: WorkerRole) -> bool:
     """Ask the study for one point and try it; False when the point was answered already (no server)."""
     ledger, say = seams.ledger, seams.say
     trial = study.ask()
@@ -192,7 +192,7 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
         say("result", number=row.number, row=row)
     else:
         try:
-            row = judge_candidate(ctx, seams, row, now.base, now.history, coordinator=coordinator)
+            row = judge_candidate(ctx, seams, row, now.base, now.history, role)
         except Superseded as e:   # recorded and told FAIL by whoever declared us lost: nothing more to do
             say("superseded", line=str(e))
             return True
@@ -204,7 +204,7 @@ def candidate(ctx: RunContext, seams: Seams, study: studies.Study, sampler_space
     return True
 
 
-def settle(ctx: RunContext, seams: Seams, study: studies.Study) -> None:
+def catch_up(ctx: RunContext, seams: Seams, study: studies.Study) -> None:
     """After a crash (recovery.repair names them): a candidate measured but never gated is judged from
     its worker's result and told to Optuna, and an accepted one with no branch is branched."""
     ledger = seams.ledger
@@ -218,13 +218,14 @@ def settle(ctx: RunContext, seams: Seams, study: studies.Study) -> None:
         branch(ctx, seams, row, now.base, now.history)
 
 
-def judge_cut(ctx: RunContext, seams: Seams, study: studies.Study, cut: list[Trial], coordinator: bool = True) -> None:
+def judge_cut(ctx: RunContext, seams: Seams, study: studies.Study, cut: list[Trial],
+              role: WorkerRole = WorkerRole.COORDINATOR) -> None:
     """Candidates measured but never gated (window 1), judged from their workers' results and only then
     told to Optuna: the same rule for the coordinator at a resume, a worker at its stop and a finished
-    run's resume (coordinator False: one that passes is put forward, not decided)."""
+    run's resume (role WORKER: one that passes is put forward, not decided)."""
     running, now = {ft.number for ft in studies.running(study)}, Snapshot.read(ctx, seams.ledger)
     for row in cut:
-        row = judge_again(ctx, seams, row, now.base, now.history, coordinator)
+        row = judge_again(ctx, seams, row, now.base, now.history, role)
         if row.optuna_number in running and row.status == Status.INTERRUPTED:
             studies.fail(study, row.optuna_number)
         elif row.optuna_number in running:
@@ -256,7 +257,7 @@ def wind_down(ctx: RunContext, seams: Seams, study: studies.Study, me: Worker | 
             break
         time.sleep(min(crew.heartbeat_s(), 5.0))
     while forward := put_forward(history := ledger.trials(run.id)):
-        decide_put_forward(ctx, seams, forward, baseline_from(history, ctx.settings.gate), history)
+        judge_put_forward(ctx, seams, forward, baseline_from(history, ctx.settings.gate), history)
 
 
 def cut_once(history: list[Trial], seen: dict) -> Trial | None:

@@ -145,7 +145,7 @@ def coordinate(ledger: ledgers.Ledger, row: ledgers.Run) -> None:
         say(line)
 
 
-def work(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: int | None) -> None:
+def run_worker(ledger: ledgers.Ledger, row: ledgers.Run, slot: devices.Slot, parent: int | None) -> None:
     """A worker's trials in the run, until its deadline or its end; what a stop leaves is recorded."""
     from agent.defaults import BaselineFailed
     from agent.loop import DirtyMachine
@@ -195,7 +195,7 @@ def interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why
     """A stopping worker's rows: its trial in flight interrupted; one measured but not yet gated (a stop,
     at the deadline, between its record and its gate) judged from its result as the worker would have,
     then told; every finished row told to Optuna as recorded."""
-    from agent.decision import unjudged
+    from agent.judging import unjudged
     from agent.loop import judge_cut
 
     study = studies.recorded(row.id, study_storage(), ledger.trials(row.id))   # loaded once, for all three
@@ -204,8 +204,8 @@ def interrupt_mine(ledger: ledgers.Ledger, row: ledgers.Run, me, home: Path, why
             crew.interrupt(ledger, t, study, home, why)
     if part is not None and study is not None:
         judge_cut(part.ctx, part.seams, study, [t for t in unjudged(ledger.trials(row.id)) if t.worker_id == me.id],
-                  coordinator=False)
-    crew.settle(ledger, row, study, me)   # stopped between a record and its tell
+                  WorkerRole.WORKER)
+    crew.tell_recorded(ledger, row, study, me)   # stopped between a record and its tell
     if ledger.run_now(row).status != "running":
         crew.refuse_leftovers(ledger, row.id, me.id)
 
@@ -281,7 +281,7 @@ def settle_finished(ledger: ledgers.Ledger, run_id: str) -> bool:
     is refused as such); an accepted config a git error left without a branch is committed, as the
     night would have (one a committed branch dominates is recorded so). False where the run is not
     finished (reopen takes it up); a RunError where nothing is left, or a branch still cannot be written."""
-    from agent.decision import branch, unbranched, unjudged
+    from agent.judging import branch, unbranched, unjudged
     from agent.loop import Snapshot, judge_cut
 
     row = ledger.run(run_id)
@@ -296,7 +296,7 @@ def settle_finished(ledger: ledgers.Ledger, run_id: str) -> bool:
     ctx, why = RunContext(row, settings, space), []
     seams = Seams(ledger, make_engine(None), repo, lambda event, **info: why.append(str(info.get("phase", ""))))
     if cut and (study := studies.recorded(row.id, study_storage(), ledger.trials(row.id))) is not None:
-        judge_cut(ctx, seams, study, cut, coordinator=False)
+        judge_cut(ctx, seams, study, cut, WorkerRole.WORKER)
         for t in cut:
             say(f"trial {t.number}: judged from its recorded result: {t.decision or t.status}"
                 + (f" ({t.search_ratio:.3f}x search)" if t.search_ratio else ""))

@@ -11,7 +11,7 @@ tell), so a crash at any point leaves one of a few known states, each repaired h
   from the commit's trailers (Agent-Run, Agent-Trial), since only the gate creates branches;
 - a ref lock git left under our own prefix: removed (we hold the run lock, so it is stale);
 - a candidate measured but not gated, or accepted but not branched: named here, left for the
-  resumed loop, which judges or branches it (agent.loop.settle).
+  resumed loop, which judges or branches it (agent.loop.catch_up).
 `problems` is the read-only check behind `agent doctor`.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import git
 import psutil
 
-from agent import crew, decision, gitops, states
+from agent import crew, gitops, judging, states
 from agent import space as spaces
 from agent import study as studies
 from agent.engine import reap, trial_processes
@@ -113,7 +113,7 @@ def repair(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> lis
     if repo is not None:
         done += _branches(ledger, run, repo)
     done += [f"trial {t.number}: accepted but not branched at the crash: branched after the resume"
-             for t in decision.unbranched(ledger.trials(run.id))]
+             for t in judging.unbranched(ledger.trials(run.id))]
     return done
 
 
@@ -151,8 +151,8 @@ def _study(ledger: Ledger, run: Run, storage: str, going: set[int]) -> list[str]
     """The study told what the ledger's finished rows say; Optuna trials running at the crash told FAIL."""
     trials = ledger.trials(run.id)
     # Measured but never gated (window 1): the resumed loop judges it from its worker's result and
-    # tells Optuna then (loop.settle); told now, it would be a 0.0 with an infeasible constraint.
-    cut = [t for t in decision.unjudged(trials) if t.worker_id not in going]
+    # tells Optuna then (loop.catch_up); told now, it would be a 0.0 with an infeasible constraint.
+    cut = [t for t in judging.unjudged(trials) if t.worker_id not in going]
     later = {t.optuna_number for t in cut}
     done = [f"trial {t.number}: measured but not judged at the crash: judged from its recorded result "
             f"after the resume" for t in cut]
@@ -269,10 +269,10 @@ def problems(ledger: Ledger, run: Run, storage: str, repo: git.Repo | None) -> l
         out += [f"trial {t.number}: measured ({t.status}) but never judged by the gate: `agent run --resume "
                 f"{run.id}` judges it from its recorded result"
                 + (" and measures nothing (the run is finished)" if run.status == "finished" else "")
-                for t in decision.unjudged(trials)]
+                for t in judging.unjudged(trials)]
         out += [f"trial {t.number}: accepted but no branch was committed: `agent run --resume {run.id}` "
                 f"commits it" + (" and does nothing else (the run is finished)" if run.status == "finished" else "")
-                for t in decision.unbranched(trials)]
+                for t in judging.unbranched(trials)]
     return out + worker_problems(ledger, run, trials)
 
 

@@ -31,10 +31,10 @@ from agent.gate import (  # noqa: E402
     Instance,
     baseline_of,
     check,
-    decide,
     greedy_of,
     judge_aa,
     more_defaults_wanted,
+    sequential_test,
 )
 from agent.stats import Noise  # noqa: E402
 from sandbox.result import TrialResult  # noqa: E402
@@ -79,7 +79,7 @@ def new_gate(engine: SimulatedEngine, config: dict, settings: GateSettings,
     def more(cfg):
         return lambda: measure(engine, cfg, quality=False).bench.tps
 
-    decision = decide(first_heldout, base, settings, more(config), more(DEFAULTS), screened.search_ratio)
+    decision = sequential_test(first_heldout, base, settings, more(config), more(DEFAULTS), screened.search_ratio)
     spent += len(decision.candidate) + len(decision.extra_defaults)
     return decision.accepted, spent
 

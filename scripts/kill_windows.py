@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 def armed(window: str) -> None:
     """Inside the agent process: SIGKILL itself at the first entry into `window`."""
-    from agent import decision, gitops
+    from agent import gitops, judging
     from agent.states import CANDIDATES
 
     def die(note: str) -> None:
@@ -36,7 +36,7 @@ def armed(window: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     if window == "judge":
-        record = decision.record
+        record = judging.record
 
         def recording(ledger, row, result):
             row = record(ledger, row, result)
@@ -44,7 +44,7 @@ def armed(window: str) -> None:
                 die(f"trial {row.number} recorded ({row.status}, {row.figure}), not yet gated")
             return row
 
-        decision.record = recording
+        judging.record = recording
     elif window == "accepted":
         def committing(repo, name, *args, **kwargs):
             die(f"{name} accepted, not yet committed")

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fake_engine import FakeEngine  # noqa: E402
 
-from agent import decision, gitops, recovery  # noqa: E402
+from agent import gitops, judging, recovery  # noqa: E402
 from agent import space as spaces
 from agent import study as studies
 from agent.context import RunContext, Seams, Settings  # noqa: E402
@@ -69,7 +69,7 @@ def kill_at(home: Path, run_id: str, ledger: Ledger, engine: FakeEngine) -> None
         return evaluate(spec, trial_dir, timeout_s, on_phase)
 
     engine.evaluate = evaluating
-    recorded = decision.record
+    recorded = judging.record
 
     def recording(ledger_, row, result):
         row = recorded(ledger_, row, result)
@@ -77,7 +77,7 @@ def kill_at(home: Path, run_id: str, ledger: Ledger, engine: FakeEngine) -> None
             maybe_die("judge")
         return row
 
-    decision.record = recording
+    judging.record = recording
     propose = gitops.commit_branch
 
     def proposing(*args, **kwargs):

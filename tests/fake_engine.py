@@ -82,7 +82,7 @@ class FakeEngine:
                                  workload=self.meter(spec))
         else:
             result = self._evaluate(spec, trial_dir, on_phase)
-        results.write(trial_dir / "result.json", result)   # as the worker does (agent.decision.judge_again reads it)
+        results.write(trial_dir / "result.json", result)   # as the worker does (agent.judging.judge_again reads it)
         return result
 
     def _evaluate(self, spec, trial_dir, on_phase):

@@ -100,7 +100,7 @@ def _spec(space, workload: str, quality: str, heldout: bool) -> dict:
 
 
 def held_out_spec(space, workload="smoke"):
-    """The held-out instance's spec, as agent.decision.held_out writes it: the heldout split inline, no quality."""
+    """The held-out instance's spec, as agent.judging.held_out writes it: the heldout split inline, no quality."""
     return _spec(space, workload, "quick", heldout=True)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from agent import gate
 from agent import greedy as equivalence
-from agent.gate import GateSettings, Instance, MeasureFailed, baseline_of, check, decide, judge_aa
+from agent.gate import GateSettings, Instance, MeasureFailed, baseline_of, check, judge_aa, sequential_test
 from agent.stats import compare, pooled_noise, t_quantile
 from sandbox.result import Figures, Quality, TrialResult, failed
 
@@ -151,24 +151,24 @@ def test_a_straddling_interval_measures_more_instances_then_decides():
         return measure
 
     # A first held-out instance that alone cannot tell 1.12x from 1.0x on this noise...
-    decision = decide(11.2, base, GateSettings(), more("candidate", 11.6), more("defaults", 9.9))
+    decision = sequential_test(11.2, base, GateSettings(), more("candidate", 11.6), more("defaults", 9.9))
     assert measured["candidate"] >= 1 and len(decision.candidate) == 1 + measured["candidate"]
     assert measured["defaults"] == len(decision.extra_defaults)
     # ...is decided once more instances are in: here accepted, with the bound that cleared.
     assert decision.accepted and decision.comparison.low > 1 and "clears 1.000" in decision.reasons[0]
     # A config without a gain is refused, after few instances.
-    none = decide(9.5, base, GateSettings(), lambda: 9.6, lambda: 9.8)
+    none = sequential_test(9.5, base, GateSettings(), lambda: 9.6, lambda: 9.8)
     assert not none.accepted and len(none.candidate) < 4 and "favours no gain" in none.reasons[0]
     # Once the candidate has as many instances as the defaults, both get more: balanced arms.
     measured.update(candidate=0, defaults=0)
-    slow = decide(10.3, base, GateSettings(max_instances=6), more("candidate", 10.9), more("defaults", 10.0))
+    slow = sequential_test(10.3, base, GateSettings(max_instances=6), more("candidate", 10.9), more("defaults", 10.0))
     assert measured["defaults"] == len(slow.extra_defaults) >= 1 and len(slow.candidate) >= 4
     # A failed instance ends the decision with its reason.
 
     def broken():
         raise MeasureFailed("a held-out instance failed: crashed")
 
-    failed = decide(11.2, base, GateSettings(), broken, lambda: 10.0)
+    failed = sequential_test(11.2, base, GateSettings(), broken, lambda: 10.0)
     assert not failed.accepted and "crashed" in failed.reasons[0]
 
 
@@ -208,7 +208,7 @@ def test_the_held_out_decision_uses_only_instances_of_the_defaults_that_did_not_
         measured.append(10.0)
         return 10.0
 
-    d = decide(14.0, base, GateSettings(), lambda: 14.0, more_defaults)
+    d = sequential_test(14.0, base, GateSettings(), lambda: 14.0, more_defaults)
     assert measured and d.extra_defaults == measured and d.comparison.defaults == len(measured)
 
 
@@ -223,7 +223,7 @@ def test_the_aa_instance_serves_held_out_decisions_and_stays_out_of_the_screen()
     # Its search figure is one more instance of the defaults in the noise (2 degrees of freedom, not 1).
     assert base.noise.df == 2 and base.noise == pooled_noise([[10.0, 10.1, 9.9]])
     measured = []
-    d = decide(13.0, base, GateSettings(), lambda: 13.0, lambda: measured.append(9.6) or 9.6)
+    d = sequential_test(13.0, base, GateSettings(), lambda: 13.0, lambda: measured.append(9.6) or 9.6)
     # A clear gain is decided on one fresh instance of the candidate, against the A/A's held-out figure.
     assert d.accepted and measured == [] and d.comparison.defaults == 1 and d.candidate == [13.0]
 
@@ -255,10 +255,11 @@ def test_with_the_spaces_prior_a_clear_gain_is_decided_at_the_first_look_on_a_no
 
     # 1.45x on one fresh instance against the A/A's held-out figure: with 2 df of its own the bound
     # cannot clear 1 at level 0.99 (t = 6.96); with the prior's 6 more it does, on that one look.
-    without = decide(13.9, plain, GateSettings(), lambda: 13.9, more_defaults)
+    without = sequential_test(13.9, plain, GateSettings(), lambda: 13.9, more_defaults)
     assert measured and len(without.candidate) > 1
     measured.clear()
-    with_prior = decide(13.9, primed, GateSettings(noise_prior=gate.Noise(0.06, 6)), lambda: 13.9, more_defaults)
+    with_prior = sequential_test(13.9, primed, GateSettings(noise_prior=gate.Noise(0.06, 6)), lambda: 13.9,
+                                 more_defaults)
     assert with_prior.accepted and with_prior.candidate == [13.9] and measured == []
     # The call for more instances of the defaults reads the machine's own noise, not the prior.
     assert not gate.more_defaults_wanted(primed, judge_aa(aa, baseline_of(first, GateSettings()), GateSettings()), 0,

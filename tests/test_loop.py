@@ -663,7 +663,7 @@ def test_more_instances_of_the_defaults_stop_at_their_share_of_the_budget(spent,
 def test_an_extra_instance_of_the_defaults_is_timed_by_the_warm_ones_not_the_cold_first():
     """The H200's run of 2026-12-04: a cold first start of 213 s stood for an extra instance (247 s)
     and refused a third held-out look with 184 s left, where the warm instances took 84-104 s."""
-    from agent.decision import defaults_like
+    from agent.judging import defaults_like
     from agent.ledger import Trial
 
     def instance(number, source, start_s, **more):

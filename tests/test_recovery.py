@@ -378,7 +378,7 @@ class DiskFullLedger(Ledger):
     """Every write after the n-th fails as SQLite does when the disk is full (row claims, transitions,
     results and updates: every way a trial's figures and its gate's verdict are written); `gate_write` becomes
     the number of the
-    first write of a gate's verdict (decision.judge), for a test to fill the disk exactly there."""
+    first write of a gate's verdict (judging.judge), for a test to fill the disk exactly there."""
 
     def __init__(self, path, n):
         super().__init__(path)

@@ -12,15 +12,15 @@ from agent.defaults import goodput_start
 from agent.gate import Baseline, GateSettings, MeasureFailed
 from agent.ledger import Trial
 from agent.recording import finish, measure, record
-from agent.states import CANDIDATES, Decision, Source, Status
+from agent.states import CANDIDATES, Decision, Source, Status, WorkerRole
 from agent.stats import compare
 from sandbox.contract import FailureClass, ResultError, StopRules, TrialResult, read_result
 
 
 def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
-                    coordinator: bool = True) -> Trial:
+                    role: WorkerRole = WorkerRole.COORDINATOR) -> Trial:
     """Run one candidate, gate it, decide it, branch it if accepted: all of it in its ledger row, which
-    is returned as written. A worker (coordinator False) stops at the gate: what passes is put forward
+    is returned as written. A worker (role WORKER) stops at the gate: what passes is put forward
     to the coordinator."""
     settings, ledger = ctx.settings, seams.ledger
     start = goodput_start(history)   # under goodput: the search starts at the defaults' figure
@@ -29,11 +29,11 @@ def judge_candidate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, h
         quality_above=gate.screen_floor(base, settings.gate) if settings.prune else None,
         goodput_start=start or None))
     row = record(ledger, row, result)
-    return judge(ctx, seams, row, result, base, history, coordinator)
+    return judge(ctx, seams, row, result, base, history, role)
 
 
 def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: Baseline, history: list[Trial],
-          coordinator: bool = True) -> Trial:
+          role: WorkerRole = WorkerRole.COORDINATOR) -> Trial:
     """A recorded candidate through the gate and on to its decision (after a crash between the two
     writes, from the result its worker wrote: judge_again)."""
     settings, ledger = ctx.settings, seams.ledger
@@ -54,7 +54,7 @@ def judge(ctx: RunContext, seams: Seams, row: Trial, result: TrialResult, base: 
                   (Decision.AWAITING_RECHECK if verdict.passed and settings.recheck
                    else None if verdict.passed else Decision.REFUSED))
     if result.ok and verdict.passed:
-        decide_passed(ctx, seams, row, base, history, coordinator)
+        past_the_gate(ctx, seams, row, base, history, role)
     seams.say("result", number=row.number, row=row)
     return row
 
@@ -72,10 +72,10 @@ def unbranched(history: list[Trial]) -> list[Trial]:
 
 
 def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
-                coordinator: bool = True) -> Trial:
+                role: WorkerRole = WorkerRole.COORDINATOR) -> Trial:
     """Window 1 after the resume: the candidate judged from the result its worker wrote, as the cut run
     would have; with that file gone it counts as cut in flight, and is measured again (loop.cut_once).
-    coordinator False: judged as a worker judges (one that passes is put forward, not decided)."""
+    role WORKER: judged as a worker judges (one that passes is put forward, not decided)."""
     path = Path(row.log_path or "").parent / "result.json"
     try:
         result = read_result(path) if row.log_path else None
@@ -89,7 +89,7 @@ def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, histo
                       failure_message=f"cut between its measurement and its gate, and its result cannot be "
                                       f"read ({why}): measured again")
     seams.say("phase", number=row.number, phase="judged from its recorded result after a crash cut its gate")
-    return judge(ctx, seams, row, result, base, history, coordinator)
+    return judge(ctx, seams, row, result, base, history, role)
 
 
 def put_forward(history: list[Trial]) -> Trial | None:
@@ -97,28 +97,28 @@ def put_forward(history: list[Trial]) -> Trial | None:
     return next((t for t in history if t.decision == Decision.PUT_FORWARD and t.status == Status.OK), None)
 
 
-def decide_put_forward(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> None:
+def judge_put_forward(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> None:
     """A worker's candidate that passed on the search prompts: the held-out decision and the branch,
     as for the coordinator's own (on the coordinator's device, against the defaults' instances)."""
     seams.say("phase", number=row.number, phase=f"deciding trial {row.number}, put forward "
               + ("again after a crash cut its decision" if any("decided again after the resume" in r for r in
                                                                 row.gate_reasons or []) else "by a worker"))
-    decide_passed(ctx, seams, row, base, history)
+    past_the_gate(ctx, seams, row, base, history)
     seams.say("result", number=row.number, row=row)
 
 
-def decide_passed(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
-                  coordinator: bool = True) -> None:
+def past_the_gate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],
+                  role: WorkerRole = WorkerRole.COORDINATOR) -> None:
     """What a candidate that passed on the search prompts becomes: dominated by a branch already made,
     put forward (a worker's), or, on the coordinator, decided on held-out prompts and branched."""
     settings, ledger = ctx.settings, seams.ledger
     if by := slower_than_branched(row, history, base, settings.gate):
-        ledger.decide(row, Decision.DOMINATED, by, passed=False)
-    elif not coordinator:
-        ledger.decide(row, Decision.PUT_FORWARD)
+        ledger.set_decision(row, Decision.DOMINATED, by, passed=False)
+    elif role is WorkerRole.WORKER:
+        ledger.set_decision(row, Decision.PUT_FORWARD)
     else:
         if settings.recheck and row.decision != Decision.AWAITING_RECHECK:   # a worker's, put forward
-            ledger.decide(row, Decision.AWAITING_RECHECK)
+            ledger.set_decision(row, Decision.AWAITING_RECHECK)
         if held_out(ctx, seams, row, base, history) if settings.recheck else search_only(seams, row, settings.gate):
             branch(ctx, seams, row, base, history)
 
@@ -174,7 +174,7 @@ def search_only(seams: Seams, row: Trial, settings: GateSettings) -> bool:
 
 def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial]) -> bool:
     """The decision: fresh instances of the candidate on prompts the search never saw, against the
-    defaults' instances on the same prompts, as many as the sequential test needs (gate.decide asks
+    defaults' instances on the same prompts, as many as the sequential test needs (gate.sequential_test asks
     for each next one)."""
     servers = HeldOutServers(ctx, seams, row, history)
     try:
@@ -183,16 +183,17 @@ def held_out(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history:
         seams.ledger.transition(row, gate_passed=False, decision=Decision.REFUSED,
                                 gate_reasons=[f"held-out re-check: {e}"])
         return False
-    decision = gate.decide(first, base, ctx.settings.gate, servers.candidate, servers.defaults, row.search_ratio)
-    c = decision.comparison
-    values = sorted(decision.candidate)
+    outcome = gate.sequential_test(first, base, ctx.settings.gate, servers.candidate, servers.defaults,
+                                    row.search_ratio)
+    c = outcome.comparison
+    values = sorted(outcome.candidate)
     seams.ledger.transition(
-        row, heldout_instances=[round(x, 3) for x in decision.candidate],
+        row, heldout_instances=[round(x, 3) for x in outcome.candidate],
         heldout_figure=round(values[len(values) // 2], 3), heldout_ratio=round(c.ratio, 4),
-        heldout_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=decision.accepted,
-        decision=Decision.ACCEPTED if decision.accepted else Decision.REFUSED, gate_reasons=decision.reasons,
+        heldout_interval=[round(c.low, 4), round(c.high, 4)], gate_passed=outcome.accepted,
+        decision=Decision.ACCEPTED if outcome.accepted else Decision.REFUSED, gate_reasons=outcome.reasons,
         timings={**row.timings, "recheck_s": round(sum(servers.times), 1), "recheck_first_s": servers.times[0]})
-    return decision.accepted
+    return outcome.accepted
 
 
 class HeldOutServers:
@@ -262,14 +263,14 @@ def branch(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: l
     worse on the run's SLO latencies: a dominated config is recorded as such, not branched."""
     ledger = seams.ledger
     if (by := dominated_by(row, history, base, ctx.settings.gate)) is not None:
-        ledger.decide(row, Decision.DOMINATED, by)
+        ledger.set_decision(row, Decision.DOMINATED, by)
         return
     name = f"agent/{ctx.run.id}/{row.number}"
     try:
         commit = gitops.commit_branch(seams.repo, name, proposal.files(ctx.run, row), proposal.message(ctx.run, row))
         ledger.set_branch(row, commit, name)
     except (gitops.RepoError, git.GitError, OSError, ValueError) as e:
-        # Stays accepted with no branch: `agent doctor` names it and the resume commits it (loop.settle).
+        # Stays accepted with no branch: `agent doctor` names it and the resume commits it (loop.catch_up).
         # ValueError: files it could not write (deploy.DeployError, a results.json the schema refuses).
         ledger.add_reason(row, f"not committed: {e}")
         seams.say("phase", number=row.number, phase=f"accepted, but its branch was not committed: {e}")
