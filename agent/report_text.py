@@ -70,8 +70,8 @@ def on_latency(t: TrialView) -> bool:
 def defaults_best(run: RunView, trials: list[TrialView]) -> Iterator[str]:
     """Where a run accepted nothing though it measured candidates: the defaults are the best config it
     found for this traffic, said with the best candidate's figure; on a GPU, with the levers the lever
-    table measured winning on no shape (agent.planner.WON_NOWHERE), which were no first moves."""
-    from agent.planner import WON_NOWHERE
+    table measured winning on no shape (agent.rules.WON_NOWHERE), which were no first moves."""
+    from agent.rules import WON_NOWHERE
 
     measured = [t for t in trials if t.source in CANDIDATES and t.search_ratio is not None]
     # Accepted but not yet branched (a commit that failed, settled at a resume), or still to be decided:

@@ -508,7 +508,7 @@ def facts(hardware: dict, meter, gate: GateSettings) -> dict:
     from agent.space import host_cpu_flags
 
     # Whether the cores compute bf16 natively (avx512_bf16 or AMX): without, a bf16 step costs several
-    # float32 ones, most where a step verifies a draft (agent.planner._speculation).
+    # float32 ones, most where a step verifies a draft (agent.rules.speculation).
     bf16 = bool(host_cpu_flags() & {"avx512_bf16", "amx_bf16"}) if hardware.get("kind") == "cpu" else None
     return {**hardware, "native_bf16": bf16, "concurrency": meter.concurrency,
             "max_tokens": max(r.max_tokens for r in meter.measured(0)),

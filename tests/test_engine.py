@@ -177,14 +177,15 @@ def test_the_edit_traffics_own_answers_trigger_the_ngram_move_on_this_host(embed
     """Issue 56: the shipped edit traffic (edits-cpu: answers that copy their prompt). The defaults, served
     by the real engine, answer it repeating their context beyond the CPU trigger's share (0.90-0.96 over
     6 requests in docs/results.md); given that measured row, the built-in planner's speculation move
-    is n-gram, in float32 only where this host's cores lack native bf16 (agent.planner._cheap_verify).
+    is n-gram, in float32 only where this host's cores lack native bf16 (agent.rules._cheap_verify).
     The chat form of the same requests (edits-chat-cpu) repeats 59-66% there, under the trigger; what
     the move gains and why the latency guard refuses it: docs/results.md, "What wins on CPU"."""
     from agent import space as spaces
     from agent.gate import GateSettings
     from agent.ledger import Run, Trial
-    from agent.planner import REPEAT_MIN, BuiltinPlanner
+    from agent.planner import BuiltinPlanner
     from agent.request import facts
+    from agent.rules import REPEAT_MIN
     from sandbox import result as results
     from sandbox.workload import load_workload
 

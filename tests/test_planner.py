@@ -8,7 +8,8 @@ from pathlib import Path
 
 from agent import space as spaces
 from agent.ledger import Run, Trial
-from agent.planner import WON_NOWHERE, BuiltinPlanner, front_end_busy
+from agent.planner import BuiltinPlanner
+from agent.rules import WON_NOWHERE, EngineMetrics
 from sandbox import metrics
 
 SPACE = spaces.load("vllm-cpu", cpu_flags={"avx512f"})  # a host where every choice runs
@@ -246,7 +247,8 @@ def test_at_128_in_flight_steps_above_the_largest_graph_move_the_graph_size_and_
     assert graphs.params == {"compilation-config.max_cudagraph_capture_size": 1024, "enforce-eager": False}
     assert "4.8% of trial 0's engine steps ran more than 512 tokens" in graphs.rationale
     # The API server held 0.94 of a core: the trigger says so, but 4 API servers won nowhere in the table.
-    assert front_end_busy(defaults.metrics) and "0.94 CPU seconds" in front_end_busy(defaults.metrics)
+    busy = EngineMetrics.of(defaults.metrics).front_end_busy()
+    assert busy and "0.94 CPU seconds" in busy
     assert not [m for m in moves if "api-server-count" in m.params]
     assert "api-server-count" in WON_NOWHERE
 
@@ -346,3 +348,22 @@ def test_the_run_facts_say_whether_this_hosts_cores_compute_bf16():
     cpu = facts({"kind": "cpu"}, load_workload("smoke"), GateSettings())
     assert cpu["native_bf16"] == bool(host_cpu_flags() & {"avx512_bf16", "amx_bf16"})
     assert facts({"kind": "gpu"}, load_workload("smoke"), GateSettings())["native_bf16"] is None
+
+
+def test_every_rule_is_a_function_of_one_situation_that_yields_proposals_and_reads_metrics_by_name():
+    import inspect
+    from typing import get_type_hints
+
+    from agent import rules
+    from agent.rules import Proposal, Situation
+
+    for rule in rules.RULES:
+        (param,) = inspect.signature(rule).parameters.values()
+        hints = get_type_hints(rule)
+        assert hints[param.name] is Situation and "Proposal" in str(hints["return"]), rule.__name__
+    source = inspect.getsource(rules)
+    assert ".get(\"requests_waiting_max\"" not in source and "metrics.get(" not in source
+    # a measured config whose queue waited while the KV cache idled: the batching rule moves max-num-seqs
+    seen = trial(0, {}, metrics={"requests_waiting_max": 6, "kv_cache_usage_max": 0.2, "requests_running_mean": 120})
+    moves = list(rules.batching(Situation(SPACE, {}, "the defaults", [], seen, {"kind": "cpu"})))
+    assert moves and all(isinstance(m, Proposal) for m in moves) and moves[0].params["max-num-seqs"] == 256

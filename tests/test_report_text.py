@@ -54,8 +54,8 @@ def test_the_branch_table_has_a_latency_column():
 def test_a_run_that_beat_nothing_says_the_defaults_are_best_and_on_a_gpu_cites_the_lever_table():
     """Issue 44: a finished run that measured candidates and branched none says the defaults are the best
     it found for this traffic (the best candidate's figure beside it); on a GPU it names the levers the
-    lever table measured winning nowhere (agent.planner.WON_NOWHERE), with their figures."""
-    from agent.planner import WON_NOWHERE
+    lever table measured winning nowhere (agent.rules.WON_NOWHERE), with their figures."""
+    from agent.rules import WON_NOWHERE
 
     run, trials = rows()
     lost = [t for t in trials if not t.branch]   # the accepted trial 3 left out: nothing was branched
