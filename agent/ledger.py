@@ -62,37 +62,65 @@ RowT = TypeVar("RowT", bound=Base)   # a row of any table: what is written comes
 class Migration(Base):
     """A schema change this ledger has had (agent.migrations), by name."""
     __tablename__ = "migrations"
-    name: Mapped[str] = mapped_column(String, primary_key=True)
-    applied_at: Mapped[str] = mapped_column(String, default=utcnow)
+    name: Mapped[str] = mapped_column(String, primary_key=True, doc="the migration's name (agent/migrations.py)")
+    applied_at: Mapped[str] = mapped_column(String, default=utcnow, doc="when this ledger had it (UTC)")
+
+
+_RUNS_STARTED_AT = "ISO times, UTC; the deadline is fixed at the start"
+_RUNS_SPACE_PATH = (
+    "the space and meter every figure belongs to; `settings` keeps the workload as used (`workload`, "
+    "with the run's own copy of `--traffic`), `traffic` (file name, SHA-256, request counts, split "
+    "sizes and hashes, sampled share) and `max_model_len`"
+)
+_RUNS_BASELINE_FIGURE = (
+    "the defaults' geometric-mean figure over instances, mean PPL, the pooled log-sd of the figure "
+    "between server instances and its degrees of freedom"
+)
 
 
 class Run(Base):
+    """One row per run (`agent run`): what was tuned, on what, with which settings, and the defaults'
+    figures every ratio divides by."""
     __tablename__ = "runs"
-    id: Mapped[str] = mapped_column(String, primary_key=True)
-    started_at: Mapped[str] = mapped_column(String, default=utcnow)
-    deadline_at: Mapped[str] = mapped_column(String)       # fixed at the start: a restart cannot extend it
-    finished_at: Mapped[str | None] = mapped_column(String)
-    status: Mapped[RunStatus] = mapped_column(state(RunStatus), default=RunStatus.RUNNING)
-    model: Mapped[str] = mapped_column(String)
-    model_revision: Mapped[str | None] = mapped_column(String)   # the Hub commit a model id resolved to
-    engine: Mapped[str | None] = mapped_column(String)
-    engine_version: Mapped[str | None] = mapped_column(String)
-    hardware: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    space_path: Mapped[str] = mapped_column(String)
-    space_hash: Mapped[str] = mapped_column(String)
-    workload: Mapped[str] = mapped_column(String)
-    workload_hash: Mapped[str | None] = mapped_column(String)
-    repo: Mapped[str] = mapped_column(String)
-    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    baseline_figure: Mapped[float | None] = mapped_column(Float)
-    baseline_ppl: Mapped[float | None] = mapped_column(Float)
-    # pooled log-sd of the figure between instances of the defaults
-    noise: Mapped[float | None] = mapped_column(Float)
-    noise_df: Mapped[int | None] = mapped_column(Integer)  # its degrees of freedom
-    calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON)   # greedy rule, tau, A/A verdict, engine defaults
+    id: Mapped[str] = mapped_column(String, primary_key=True, doc="run id, `YYYYMMDD-HHMMSS` (UTC start)")
+    started_at: Mapped[str] = mapped_column(String, default=utcnow, doc=_RUNS_STARTED_AT)
+    deadline_at: Mapped[str] = mapped_column(String, doc=_RUNS_STARTED_AT)
+    finished_at: Mapped[str | None] = mapped_column(String, doc=_RUNS_STARTED_AT)
+    status: Mapped[RunStatus] = mapped_column(state(RunStatus), default=RunStatus.RUNNING, doc=(
+        "running, finished, stopped (Ctrl-C / SIGTERM; `agent run --resume ID` continues it), failed "
+        "(the baseline failed)"))
+    model: Mapped[str] = mapped_column(String, doc="what was tuned, on what")
+    model_revision: Mapped[str | None] = mapped_column(String, doc=(
+        "for a model given by Hugging Face id: the commit it resolved to, which every trial loaded "
+        "(offline)"))
+    engine: Mapped[str | None] = mapped_column(String, doc="what was tuned, on what")
+    engine_version: Mapped[str | None] = mapped_column(String, doc="what was tuned, on what")
+    hardware: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="what was tuned, on what")
+    space_path: Mapped[str] = mapped_column(String, doc=_RUNS_SPACE_PATH)
+    space_hash: Mapped[str] = mapped_column(String, doc=_RUNS_SPACE_PATH)
+    workload: Mapped[str] = mapped_column(String, doc=_RUNS_SPACE_PATH)
+    workload_hash: Mapped[str | None] = mapped_column(String, doc=_RUNS_SPACE_PATH)
+    repo: Mapped[str] = mapped_column(String, doc="the repository proposals go into")
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict, doc=(
+        "the run's settings as it used them: the fields of `agent.context.Settings` under their own "
+        "names (the `run` command's options carry the same names), the gate's under `gate` "
+        "(`gate.noise_prior` the space's noise prior, `{sd, df}`); beside them the options that are "
+        "not settings (budget, planner, workers, arrivals, ...). A run written before 2026-12-03 "
+        "14:00 had flat options (`workload_spec`, `noise_prior` as `[sd, df]`): migration "
+        "`m003_settings_as_used` rewrote them in this shape when the ledger was first opened by a "
+        "later agent"))
+    baseline_figure: Mapped[float | None] = mapped_column(Float, doc=_RUNS_BASELINE_FIGURE)
+    baseline_ppl: Mapped[float | None] = mapped_column(Float, doc=_RUNS_BASELINE_FIGURE)
+    noise: Mapped[float | None] = mapped_column(Float, doc=_RUNS_BASELINE_FIGURE)
+    noise_df: Mapped[int | None] = mapped_column(Integer, doc=_RUNS_BASELINE_FIGURE)
+    calibration: Mapped[dict[str, Any] | None] = mapped_column(JSON, doc=(
+        "JSON: the greedy rule (`calibrated` or `exact`), tau (nats), flips_allowed, kl_bound, why, "
+        "the A/A verdict line (`aa`), and the engine's defaults read from vLLM (`engine_defaults`)"))
     # The coordinator that last took the run up (host/pid/token): a resume swaps it only if it still
     # reads what that resume read, so of two hosts resuming at once one wins.
-    owner: Mapped[str | None] = mapped_column(String)
+    owner: Mapped[str | None] = mapped_column(String, doc=(
+        "the coordinator that last started or resumed the run (host/pid/token): a resume takes the "
+        "run only where it still reads what it read, so of two hosts resuming at once one goes on"))
     trials: Mapped[list[Trial]] = relationship(back_populates="run", order_by="Trial.number")
 
 
@@ -116,63 +144,137 @@ class Claims:
         return f"{self.heldout_ratio:.3f}x held-out [{low:.3f}, {high:.3f}]"
 
 
+_TRIALS_RUN_ID = "the trial's identity (numbers count from 0 per run)"
+_TRIALS_PARAMS = (
+    "the point of the space; what reached vLLM; whether every knob that differs from the engine's "
+    "default is lossless"
+)
+_TRIALS_FAILURE_CLASS = "for failures: invalid_config, oom, start_timeout, crashed, request_errors, bad_output, ..."
+_TRIALS_FAILURE_CAUSE = (
+    "vLLM's own words for the failure (the root cause its log or its pre-flight gave, wrappers left "
+    "out) and the phase it ended in (preflight, start, warmup, bench, quality, teardown); learned "
+    "refusals are built from these"
+)
+_TRIALS_FIGURE = (
+    "raw: the instance's figure on this trial's server under the run's objective (tokens/s: its "
+    "tokens over its time across the measured repeats; requests/s under `--objective goodput`, "
+    "docs/arrivals.md; 1000 / the percentile in ms under a latency objective); their 95% interval "
+    "(Student's t on the logs; two or more repeats). It covers one server only: the run's `noise` is "
+    "the spread between servers. The trial's `meter.objective` and the run's "
+    "`settings.traffic.objective` name the objective, and so the unit of every figure column (figure, "
+    "heldout_figure, figure_corrected, baseline_figure)"
+)
+_TRIALS_DRIFT = "the machine's speed factor in force (1: no drift beyond the noise) and figure / drift"
+_TRIALS_HELDOUT_INSTANCES = (
+    "candidates that passed the screen: the figure of each fresh instance on the held-out prompts, "
+    "their median, and the ratio against the defaults' held-out instances with its one-sided bounds "
+    "at the decision's level: the committed claim (for instances of the defaults, heldout_figure is "
+    "measured on the same server)"
+)
+_TRIALS_PPL = "perplexity and its relative change; share of the baseline's greedy outputs reproduced"
+_TRIALS_TTFT_P99_MS = (
+    "latencies, request errors, the server's own metrics (KV-cache usage, preemptions, speculative "
+    "acceptance)"
+)
+_TRIALS_TOP_LOGPROBS = (
+    "per prompt and position, the server's top-5 logprobs; the mean KL divergence from the baseline's"
+)
+_TRIALS_FLIPS = (
+    "each prompt's first divergence from the reference greedy path (prompt, position, reference and "
+    "candidate token ids, margin in nats, null outside the top-k) and which greedy rule decided"
+)
+_TRIALS_TIMINGS = (
+    "phase seconds, the server log, the workload name/version/hash with the split's and the draw's "
+    "hashes, the sampled and ignore_eos shares and the traffic file's summary (never a prompt), why "
+    "it was tried"
+)
+
+
 class Trial(Base, Claims):
+    """One row per config a run started a server for (the defaults' instances and the candidates, failures
+    included), written as its trial goes: opened, its result recorded once, its verdict and decision."""
     __tablename__ = "trials"
     __table_args__ = (UniqueConstraint("run_id", "number"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
-    number: Mapped[int] = mapped_column(Integer)
-    source: Mapped[Source] = mapped_column(state(Source))   # the defaults' instances, planner or sampler
-    optuna_number: Mapped[int | None] = mapped_column(Integer)
-    params: Mapped[dict[str, Any]] = mapped_column(default=dict)   # the point of the space
-    flags: Mapped[dict[str, Any]] = mapped_column(default=dict)    # what reached vLLM
-    env: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    lossless: Mapped[bool | None]
-    status: Mapped[Status] = mapped_column(state(Status), default=Status.RUNNING)
-    failure_class: Mapped[FailureClass | None] = mapped_column(state(FailureClass))
-    failure_message: Mapped[str | None] = mapped_column(Text)
-    failure_cause: Mapped[str | None] = mapped_column(Text)   # vLLM's own words (its log's root cause)
-    failed_phase: Mapped[str | None] = mapped_column(String)  # preflight, start, warmup, bench, quality, ...
-    log_tail: Mapped[str | None] = mapped_column(Text)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, doc="row id")
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), doc=_TRIALS_RUN_ID)
+    number: Mapped[int] = mapped_column(Integer, doc=_TRIALS_RUN_ID)
+    source: Mapped[Source] = mapped_column(state(Source), doc=(
+        "instances of the defaults: baseline, aa (the A/A check: judged as a candidate), drift "
+        "(re-measured mid-run), extra (held-out only, measured for a decision), device (the defaults "
+        "on a further device of the run, once each: part of the baseline's noise); candidates: "
+        "planner or sampler"))
+    optuna_number: Mapped[int | None] = mapped_column(Integer, doc=(
+        "the Optuna trial it answers (null for the baseline)"))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict, doc=_TRIALS_PARAMS)
+    flags: Mapped[dict[str, Any]] = mapped_column(default=dict, doc=_TRIALS_PARAMS)
+    env: Mapped[dict[str, Any]] = mapped_column(default=dict, doc=_TRIALS_PARAMS)
+    lossless: Mapped[bool | None] = mapped_column(doc=_TRIALS_PARAMS)
+    status: Mapped[Status] = mapped_column(state(Status), default=Status.RUNNING, doc=(
+        "running, ok, failed, skipped (excluded by a rule), pruned (its benchmark stopped early: it "
+        "could not reach the defaults), interrupted; the moves allowed between them, and between "
+        "decisions, are in `agent/states.py` and docs/architecture.md"))
+    failure_class: Mapped[FailureClass | None] = mapped_column(state(FailureClass), doc=_TRIALS_FAILURE_CLASS)
+    failure_message: Mapped[str | None] = mapped_column(Text, doc=_TRIALS_FAILURE_CLASS)
+    failure_cause: Mapped[str | None] = mapped_column(Text, doc=_TRIALS_FAILURE_CAUSE)
+    failed_phase: Mapped[str | None] = mapped_column(String, doc=_TRIALS_FAILURE_CAUSE)
+    log_tail: Mapped[str | None] = mapped_column(Text, doc=_TRIALS_FAILURE_CLASS)
     # A figure is the run's objective's (agent.objective: tokens/s, or requests/s under goodput); a ratio
     # is a figure over the defaults'. The old names (tps, tps_ratio, ...) stay as read-only aliases.
-    figure: Mapped[float | None] = mapped_column(Float)
-    figure_interval: Mapped[list[Any] | None] = mapped_column(JSON)   # 95% interval from this server's repeats
-    search_ratio: Mapped[float | None] = mapped_column(Float)          # drift-corrected figure / the defaults'
-    drift: Mapped[float | None] = mapped_column(Float)                 # machine speed factor applied (1: none)
-    figure_corrected: Mapped[float | None] = mapped_column(Float)      # figure / drift
-    heldout_figure: Mapped[float | None] = mapped_column(Float)        # fresh server, held-out prompts
-    heldout_ratio: Mapped[float | None] = mapped_column(Float)         # the committed claim
-    heldout_instances: Mapped[list[Any] | None] = mapped_column(JSON)  # the figure of each fresh held-out instance
-    heldout_interval: Mapped[list[Any] | None] = mapped_column(JSON)   # one-sided bounds of the claim, at `level`
-    search_interval: Mapped[list[Any] | None] = mapped_column(JSON)    # the same for the search-prompt ratio
-    ppl: Mapped[float | None] = mapped_column(Float)
-    ppl_change: Mapped[float | None] = mapped_column(Float)
-    agreement: Mapped[float | None] = mapped_column(Float)
-    ttft_p99_ms: Mapped[float | None] = mapped_column(Float)
-    itl_p99_ms: Mapped[float | None] = mapped_column(Float)
-    errors: Mapped[int | None] = mapped_column(Integer)
-    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    greedy: Mapped[list[Any] | None] = mapped_column(JSON)   # greedy token ids per comparison prompt
-    top_logprobs: Mapped[list[Any] | None] = mapped_column(JSON)   # per prompt, per position: top-k logprobs
-    kl: Mapped[float | None] = mapped_column(Float)          # mean KL divergence from the baseline (nats)
-    flips: Mapped[list[Any] | None] = mapped_column(JSON)    # first divergence per prompt, with its margin (nats)
-    rule: Mapped[str | None] = mapped_column(String)         # which greedy rule decided: exact, calibrated, lossy
-    decision: Mapped[Decision | None] = mapped_column(state(Decision))
-    constraint: Mapped[float | None] = mapped_column(Float)  # what Optuna was told (0: feasible)
-    gate_passed: Mapped[bool | None]
-    gate_reasons: Mapped[list[Any]] = mapped_column(default=list)
-    branch: Mapped[str | None] = mapped_column(String)
-    commit: Mapped[str | None] = mapped_column(String)
-    timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    log_path: Mapped[str | None] = mapped_column(String)
-    rationale: Mapped[str | None] = mapped_column(Text)
-    meter: Mapped[dict[str, Any]] = mapped_column(default=dict)     # workload name, version, hash
-    # latencies, repeats, engine, hardware: for the branch
-    measured: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    worker_id: Mapped[int | None] = mapped_column(Integer)         # the worker (process on a device) that ran it
-    started_at: Mapped[str] = mapped_column(String, default=utcnow)
-    finished_at: Mapped[str | None] = mapped_column(String)
+    figure: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_FIGURE)
+    figure_interval: Mapped[list[Any] | None] = mapped_column(JSON, doc=_TRIALS_FIGURE)
+    search_ratio: Mapped[float | None] = mapped_column(Float, doc=(
+        "figure_corrected / the baseline's figure: what the gate and Optuna use"))
+    drift: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_DRIFT)
+    figure_corrected: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_DRIFT)
+    heldout_figure: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_HELDOUT_INSTANCES)
+    heldout_ratio: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_HELDOUT_INSTANCES)
+    heldout_instances: Mapped[list[Any] | None] = mapped_column(JSON, doc=_TRIALS_HELDOUT_INSTANCES)
+    heldout_interval: Mapped[list[Any] | None] = mapped_column(JSON, doc=_TRIALS_HELDOUT_INSTANCES)
+    search_interval: Mapped[list[Any] | None] = mapped_column(JSON, doc=(
+        "the bounds of the search-prompt ratio (one instance against the defaults' instances)"))
+    ppl: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_PPL)
+    ppl_change: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_PPL)
+    agreement: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_PPL)
+    ttft_p99_ms: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_TTFT_P99_MS)
+    itl_p99_ms: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_TTFT_P99_MS)
+    errors: Mapped[int | None] = mapped_column(Integer, doc=_TRIALS_TTFT_P99_MS)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict, doc=_TRIALS_TTFT_P99_MS)
+    greedy: Mapped[list[Any] | None] = mapped_column(JSON, doc=(
+        "the greedy token ids per comparison prompt (the baseline's are what agreement is measured "
+        "against)"))
+    top_logprobs: Mapped[list[Any] | None] = mapped_column(JSON, doc=_TRIALS_TOP_LOGPROBS)
+    kl: Mapped[float | None] = mapped_column(Float, doc=_TRIALS_TOP_LOGPROBS)
+    flips: Mapped[list[Any] | None] = mapped_column(JSON, doc=_TRIALS_FLIPS)
+    rule: Mapped[str | None] = mapped_column(String, doc=_TRIALS_FLIPS)
+    decision: Mapped[Decision | None] = mapped_column(state(Decision), doc=(
+        "put_forward (a candidate that passed on the search prompts, waiting for the coordinator's "
+        "held-out decision: a worker's, or the coordinator's own cut by a crash inside that decision "
+        "and repaired), accepted (branched), dominated (accepted, not branched: no faster than a "
+        "branch already proposed), refused, awaiting_recheck (the held-out decision was in flight), "
+        "failed, skipped; baseline, aa-passed/aa-failed, drift, extra for the defaults"))
+    constraint: Mapped[float | None] = mapped_column(Float, doc=(
+        "what Optuna was told for this trial (0: feasible), computed once"))
+    gate_passed: Mapped[bool | None] = mapped_column(doc="the verdict and its reasons")
+    gate_reasons: Mapped[list[Any]] = mapped_column(default=list, doc="the verdict and its reasons")
+    branch: Mapped[str | None] = mapped_column(String, doc="for accepted trials")
+    commit: Mapped[str | None] = mapped_column(String, doc="for accepted trials")
+    timings: Mapped[dict[str, Any]] = mapped_column(default=dict, doc=_TRIALS_TIMINGS)
+    log_path: Mapped[str | None] = mapped_column(String, doc=_TRIALS_TIMINGS)
+    rationale: Mapped[str | None] = mapped_column(Text, doc=_TRIALS_TIMINGS)
+    meter: Mapped[dict[str, Any]] = mapped_column(default=dict, doc=_TRIALS_TIMINGS)
+    measured: Mapped[dict[str, Any] | None] = mapped_column(JSON, doc=(
+        "latencies (TTFT, ITL, TPOT), repeats, finish reasons, `repeat_share` (of the answers' words, "
+        "those a prompt lookup over the prompt and the answer so far would have drafted right: how "
+        "much the traffic's answers repeat their context, which the built-in planner reads on the "
+        "defaults' rows before it proposes speculation), the goodput search's rate points and bounds, "
+        "`phase_tps` (every token over the whole phases: `vllm bench serve`'s figure) and `window_s` "
+        "(the steady windows the tokens/s figure counts over at a concurrency above one, "
+        "docs/meters-and-gate.md), engine, hardware and device as the worker measured them: what the "
+        "branch's `results.json` carries, wherever the trial ran"))
+    worker_id: Mapped[int | None] = mapped_column(Integer, doc=(
+        "the `workers` row (a process on one device) that ran it"))
+    started_at: Mapped[str] = mapped_column(String, default=utcnow, doc="when its row was opened (UTC)")
+    finished_at: Mapped[str | None] = mapped_column(String, doc="when its result was recorded (UTC)")
     run: Mapped[Run] = relationship(back_populates="trials")
     repeats: Mapped[list[Repeat]] = relationship(back_populates="trial", order_by="Repeat.id")
 
@@ -226,10 +328,12 @@ class Repeat(Base):
     """One measured phase behind a trial's figure (several per server, several servers for the baseline)."""
 
     __tablename__ = "repeats"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
-    instance: Mapped[int] = mapped_column(Integer)         # 0: the trial's own server; 1, 2, ...: its held-out servers
-    figure: Mapped[float] = mapped_column(Float)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, doc="row id")
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), doc="the trial (trials.id)")
+    instance: Mapped[int] = mapped_column(Integer, doc=(
+        "0: the trial's own server on the search prompts; 1, 2, ...: its fresh held-out servers in "
+        "order (an `extra` trial, the defaults measured for a decision, has only instance 1)"))
+    figure: Mapped[float] = mapped_column(Float, doc="the phase's figure under the run's objective")
     trial: Mapped[Trial] = relationship(back_populates="repeats")
 
 
@@ -237,34 +341,36 @@ class PlannerCall(Base):
     """One exchange with an LLM planner: what was asked, what came back, what was kept."""
 
     __tablename__ = "planner_calls"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
-    at: Mapped[str] = mapped_column(String, default=utcnow)
-    model: Mapped[str] = mapped_column(String)
-    prompt: Mapped[str] = mapped_column(Text)
-    response: Mapped[str | None] = mapped_column(Text)
-    error: Mapped[str | None] = mapped_column(Text)
-    input_tokens: Mapped[int | None] = mapped_column(Integer)
-    output_tokens: Mapped[int | None] = mapped_column(Integer)
-    cost_usd: Mapped[float | None] = mapped_column(Float)
-    latency_s: Mapped[float | None] = mapped_column(Float)
-    accepted: Mapped[int] = mapped_column(Integer, default=0)
-    rejected: Mapped[list[Any]] = mapped_column(default=list)   # why each refused part was refused
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, doc="row id")
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), doc="the run (runs.id)")
+    at: Mapped[str] = mapped_column(String, default=utcnow, doc="when it was asked (UTC)")
+    model: Mapped[str] = mapped_column(String, doc="the LLM (a litellm model name)")
+    prompt: Mapped[str] = mapped_column(Text, doc="what was asked (API keys are never recorded)")
+    response: Mapped[str | None] = mapped_column(Text, doc="what came back")
+    error: Mapped[str | None] = mapped_column(Text, doc="why no usable answer came back")
+    input_tokens: Mapped[int | None] = mapped_column(Integer, doc="tokens sent")
+    output_tokens: Mapped[int | None] = mapped_column(Integer, doc="tokens received")
+    cost_usd: Mapped[float | None] = mapped_column(Float, doc="litellm's cost estimate")
+    latency_s: Mapped[float | None] = mapped_column(Float, doc="seconds the call took")
+    accepted: Mapped[int] = mapped_column(Integer, default=0, doc="proposals kept")
+    rejected: Mapped[list[Any]] = mapped_column(default=list, doc="why each refused part was refused")
 
 
 class RangeChange(Base):
     """A planner narrowed the range the sampler draws a knob from (see planner.Narrowing)."""
 
     __tablename__ = "narrowings"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
-    at: Mapped[str] = mapped_column(String, default=utcnow)
-    after_trial: Mapped[int] = mapped_column(Integer)      # the ledger's trial number it followed
-    planner: Mapped[str] = mapped_column(String)
-    knob: Mapped[str] = mapped_column(String)
-    low: Mapped[float] = mapped_column(Float)
-    high: Mapped[float] = mapped_column(Float)
-    rationale: Mapped[str] = mapped_column(Text)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, doc="row id")
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), doc="the run (runs.id)")
+    at: Mapped[str] = mapped_column(String, default=utcnow, doc="when (UTC)")
+    after_trial: Mapped[int] = mapped_column(Integer, doc="the trial number it followed")
+    planner: Mapped[str] = mapped_column(String, doc="the planner that narrowed")
+    knob: Mapped[str] = mapped_column(String, doc="the numeric knob")
+    low: Mapped[float] = mapped_column(Float, doc="the sampler's new range: from")
+    high: Mapped[float] = mapped_column(Float, doc="the sampler's new range: to")
+    rationale: Mapped[str] = mapped_column(Text, doc=(
+        "why (for the built-in planner: the failures that triggered it); a resumed run re-applies "
+        "them"))
 
 
 class LearnedRule(Base):
@@ -272,15 +378,21 @@ class LearnedRule(Base):
     later points that contain them are skipped without a start."""
 
     __tablename__ = "learned_rules"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
-    at: Mapped[str] = mapped_column(String, default=utcnow)
-    from_trial: Mapped[int] = mapped_column(Integer)        # the ledger's trial number that was refused
-    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)   # knob -> value, all present = refused
-    message: Mapped[str] = mapped_column(Text)              # vLLM's root cause
-    stage: Mapped[str] = mapped_column(String)              # pre-flight, or start
-    how: Mapped[str] = mapped_column(String)                # minimised at pre-flight, named in the message, whole point
-    checks: Mapped[int] = mapped_column(Integer, default=0)  # pre-flight checks the reduction took
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, doc="row id")
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), doc="the run (runs.id)")
+    at: Mapped[str] = mapped_column(String, default=utcnow, doc="when (UTC)")
+    from_trial: Mapped[int] = mapped_column(Integer, doc="the refused trial's number")
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict, doc=(
+        "knob -> value: a later point holding all of them is skipped without a start (its row "
+        "`skipped`, naming the rule)"))
+    message: Mapped[str] = mapped_column(Text, doc="vLLM's root cause")
+    stage: Mapped[str] = mapped_column(String, doc=(
+        "`pre-flight` (its config classes refused it before any start) or `start` (only engine "
+        "initialisation did)"))
+    how: Mapped[str] = mapped_column(String, doc=(
+        "`minimised at pre-flight` (one knob at a time back to its default while the same refusal "
+        "holds), `named in vLLM's message`, or `the whole point`"))
+    checks: Mapped[int] = mapped_column(Integer, default=0, doc="pre-flight calls the reduction took")
 
 
 class Capacity(Base):
@@ -288,26 +400,33 @@ class Capacity(Base):
     fresh servers of the run's engine, or read from a `vllm bench sweep serve` folder."""
 
     __tablename__ = "capacity"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
-    at: Mapped[str] = mapped_column(String, default=utcnow)
-    subject: Mapped[str] = mapped_column(String)            # defaults, a branch, or an imported sweep's label
-    trial_number: Mapped[int | None] = mapped_column(Integer)   # the branch's trial (None: defaults, imported)
-    source: Mapped[str] = mapped_column(String)             # measured, or imported (from the folder named)
-    kind: Mapped[str] = mapped_column(String)               # concurrency (streams) or rate (requests/s)
-    curve: Mapped[dict[str, Any]] = mapped_column(default=dict)   # agent.capacity.as_dict: every rung and repeat
-    slo: Mapped[dict[str, Any]] = mapped_column(default=dict)     # the bounds judged: ttft/itl/e2e_p99_ms
-    price_per_hour: Mapped[float | None] = mapped_column(Float)
-    target_rate: Mapped[float | None] = mapped_column(Float)
-    knee: Mapped[float | None] = mapped_column(Float)        # the load at the knee (None: no knee in the ladder)
-    slo_limit: Mapped[float | None] = mapped_column(Float)   # the highest load within the SLOs
-    point: Mapped[float | None] = mapped_column(Float)       # the operating point's load
-    point_is: Mapped[str] = mapped_column(String)            # SLO limit, knee, top of the ladder, none
-    output_tps: Mapped[float | None] = mapped_column(Float)  # at the operating point
-    tokens_per_device_hour: Mapped[float | None] = mapped_column(Float)
-    cost_per_m_output: Mapped[float | None] = mapped_column(Float)
-    cost_per_m_input: Mapped[float | None] = mapped_column(Float)
-    servers: Mapped[int | None] = mapped_column(Integer)     # for target_rate
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, doc="row id")
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), doc="the run (runs.id)")
+    at: Mapped[str] = mapped_column(String, default=utcnow, doc="when (UTC)")
+    subject: Mapped[str] = mapped_column(String, doc="defaults, a branch, or an imported sweep's label")
+    trial_number: Mapped[int | None] = mapped_column(Integer, doc=(
+        "the branch's trial (null: the defaults, an imported sweep)"))
+    source: Mapped[str] = mapped_column(String, doc=(
+        "`measured` (`agent capacity`), `imported from DIR`, or `agent run --capacity` (the night's "
+        "first branch and the defaults, also written into that branch's results.json)"))
+    kind: Mapped[str] = mapped_column(String, doc=(
+        "`concurrency` (streams) or `rate` (requests/s)"))
+    curve: Mapped[dict[str, Any]] = mapped_column(default=dict, doc=(
+        "every rung and repeat: output and total tokens/s, requests/s, input and output tokens, TTFT, "
+        "ITL and end-to-end percentiles with their count"))
+    slo: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="the bounds judged: ttft/itl/e2e_p99_ms")
+    price_per_hour: Mapped[float | None] = mapped_column(Float, doc="a device-hour's price, where given")
+    target_rate: Mapped[float | None] = mapped_column(Float, doc="the requests/s to serve, where given")
+    knee: Mapped[float | None] = mapped_column(Float, doc=(
+        "the load at the knee (null: no knee in the ladder)"))
+    slo_limit: Mapped[float | None] = mapped_column(Float, doc="the highest load within the SLOs")
+    point: Mapped[float | None] = mapped_column(Float, doc="the operating point's load")
+    point_is: Mapped[str] = mapped_column(String, doc="SLO limit, knee, top of the ladder, or none")
+    output_tps: Mapped[float | None] = mapped_column(Float, doc="output tokens/s at the operating point")
+    tokens_per_device_hour: Mapped[float | None] = mapped_column(Float, doc="output tokens a device-hour there")
+    cost_per_m_output: Mapped[float | None] = mapped_column(Float, doc="price per million output tokens")
+    cost_per_m_input: Mapped[float | None] = mapped_column(Float, doc="price per million input tokens")
+    servers: Mapped[int | None] = mapped_column(Integer, doc="servers needed for target_rate")
 
 
 class Worker(Base):
@@ -317,19 +436,23 @@ class Worker(Base):
     first (agent.crew.bury), and its trial in flight is recorded as interrupted, once."""
 
     __tablename__ = "workers"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"))
-    name: Mapped[str] = mapped_column(String)      # host/slot, as reports show it
-    host: Mapped[str] = mapped_column(String)
-    pid: Mapped[int] = mapped_column(Integer)
-    slot: Mapped[int] = mapped_column(Integer)
-    device: Mapped[str] = mapped_column(String)    # "GPU 1", "cores 2-3", or "host" (one worker, everything)
-    role: Mapped[WorkerRole] = mapped_column(state(WorkerRole))
-    status: Mapped[WorkerStatus] = mapped_column(state(WorkerStatus), default=WorkerStatus.RUNNING)
-    started_at: Mapped[str] = mapped_column(String, default=utcnow)
-    heartbeat_at: Mapped[str] = mapped_column(String, default=utcnow)
-    stopped_at: Mapped[str | None] = mapped_column(String)
-    note: Mapped[str | None] = mapped_column(Text)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, doc="row id (trials.worker_id)")
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), doc="the run (runs.id)")
+    name: Mapped[str] = mapped_column(String, doc="host/slot, as reports show it")
+    host: Mapped[str] = mapped_column(String, doc="the host it ran on")
+    pid: Mapped[int] = mapped_column(Integer, doc="its process id there")
+    slot: Mapped[int] = mapped_column(Integer, doc="its slot of the host's devices")
+    device: Mapped[str] = mapped_column(String, doc=(
+        "`GPU 1`, `cores 2-3`, or `host` for a run on one device"))
+    role: Mapped[WorkerRole] = mapped_column(state(WorkerRole), doc=(
+        "coordinator (the `agent run` that re-checks on held-out prompts and commits) or worker"))
+    status: Mapped[WorkerStatus] = mapped_column(state(WorkerStatus), default=WorkerStatus.RUNNING, doc=(
+        "running, stopped, or lost (silent past the grace: its trial in flight recorded interrupted)"))
+    started_at: Mapped[str] = mapped_column(String, default=utcnow, doc="when it joined (UTC)")
+    heartbeat_at: Mapped[str] = mapped_column(String, default=utcnow, doc=(
+        "written every `AGENT_HEARTBEAT_S` (default 5 s) on the database's clock"))
+    stopped_at: Mapped[str | None] = mapped_column(String, doc="when it stopped or was declared lost")
+    note: Mapped[str | None] = mapped_column(Text, doc="why it stopped, where it said")
 
 
 # A database host that drops packets silently must fail a write in seconds, not after TCP's

@@ -2,7 +2,8 @@
 so they cannot drift from what the agent does:
 
 - docs/manual.md: `agent run`'s options, from agent.request.RunRequest (flag, default, help);
-- docs/ledger.md: the results.json fields, from agent.results_file's model;
+- docs/ledger.md: the ledger's tables, from agent.ledger's ORM (each column's type and `doc`), and the
+  results.json fields, from agent.results_file's model;
 - docs/results-v1.schema.json: the JSON Schema of results.json;
 - docs/architecture.md: the harness contract, the names agent/ may import from sandbox/.
 
@@ -45,6 +46,46 @@ def results_fields() -> str:
     return "\n".join(["| field | type | what it holds |", "|---|---|---|", *results_file.field_table()])
 
 
+TABLES = ("runs", "trials", "repeats", "workers", "planner_calls", "narrowings", "learned_rules", "capacity",
+          "migrations")
+
+
+def ledger_tables() -> str:
+    """Each table of the ledger: what a row is (its class's docstring) and its columns, each with its type
+    (a state: its kind's values) and what it holds; consecutive columns that share one text share a row
+    (their types in order where they differ)."""
+    import inspect
+    from enum import Enum
+
+    from sqlalchemy import Enum as SqlEnum
+
+    from agent.ledger import Base
+
+    classes = {m.class_.__tablename__: m.class_ for m in Base.registry.mappers}
+    out: list[str] = []
+    for name in TABLES:
+        cls = classes[name]
+        out += [f"### {name}", ""]
+        if cls.__doc__:
+            out += [" ".join(inspect.cleandoc(cls.__doc__).split("\n\n")[0].split()), ""]
+        rows: list[tuple[list[str], list[str], str]] = []
+        for column in cls.__table__.columns:
+            kind = cls.__annotations__[column.name].removeprefix("Mapped[")[:-1].replace(" | None", " or null")
+            if isinstance(column.type, SqlEnum) and isinstance(column.type.enum_class, type) and \
+                    issubclass(column.type.enum_class, Enum):
+                kind += ": " + ", ".join(column.type.enums)
+            text = " ".join(str(column.doc).split()).replace("|", "/")
+            if rows and rows[-1][2] == text:
+                rows[-1][0].append(column.name)
+                rows[-1][1].append(kind)
+            else:
+                rows.append(([column.name], [kind], text))
+        out += ["| column | type | what it holds |", "|---|---|---|"]
+        out += [f"| {', '.join(names)} | {kinds[0] if len(set(kinds)) == 1 else '; '.join(kinds)} | {text} |"
+                for names, kinds, text in rows] + [""]
+    return "\n".join(out).rstrip()
+
+
 def contract() -> str:
     """sandbox.contract's names, grouped as its __all__ groups them: all agent/ may import from sandbox/."""
     source = (ROOT / "sandbox" / "contract.py").read_text()
@@ -65,6 +106,7 @@ def contract() -> str:
 # (file, section name, generator): each section sits between its two markers in the file.
 SECTIONS: list[tuple[str, str, Callable[[], str]]] = [
     ("docs/manual.md", "agent run options", run_options),
+    ("docs/ledger.md", "ledger tables", ledger_tables),
     ("docs/ledger.md", "results-v1 fields", results_fields),
     ("docs/architecture.md", "harness contract", contract),
 ]

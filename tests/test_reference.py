@@ -29,3 +29,16 @@ def test_a_doc_left_behind_is_named(tmp_path, monkeypatch):
     field = next(f for f in RunRequest.__dataclass_fields__.values() if f.name == "repeats")
     monkeypatch.setattr(field, "metadata", dict(field.metadata, help="Measured repeats, said otherwise."))
     assert reference.stale(tmp_path) == ["docs/manual.md"]
+
+
+def test_every_ledger_column_has_its_doc_and_its_row_in_the_ledger_page():
+    from agent.ledger import Base
+
+    page = (reference.ROOT / "docs" / "ledger.md").read_text()
+    assert set(reference.TABLES) == set(Base.metadata.tables)
+    for table in Base.metadata.sorted_tables:
+        section = page.split(f"### {table.name}\n", 1)[1].split("\n### ", 1)[0].split("<!-- end", 1)[0]
+        listed = [name.strip() for row in section.splitlines() if row.startswith("| ") and "---" not in row
+                  for name in row.split("|")[1].split(",")]
+        assert listed[1:] == [c.name for c in table.columns], table.name   # after the header's "column"
+        assert all(c.doc and len(c.doc) > 3 for c in table.columns), table.name
