@@ -26,7 +26,7 @@ COPY pyproject.toml README.md ./
 COPY agent/ agent/
 COPY sandbox/ sandbox/
 COPY search_space/ search_space/
-COPY scripts/ scripts/
+COPY scripts/setup.sh scripts/setup.sh
 
 # Editable: the agent finds search_space/ beside its package. With ENGINE set, setup.sh makes
 # /opt/venv with that engine; without, the agent joins the Python that already has vLLM.

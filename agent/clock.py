@@ -1,4 +1,4 @@
-"""The run's clock, one seam: the loop's modules read time here, so scripts/budget_sim.py can run
+"""The run's clock, one seam: the loop's modules read time here, so bench/budget_sim.py can run
 them unchanged on a simulated clock."""
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class Settings:
     recheck: bool = True           # re-measure an accepted config on a fresh server and held-out prompts
     drift_every: int = 10          # candidate trials between two re-measurements of the baseline (0: never)
     facts: dict = field(default_factory=dict)  # hardware and workload facts for the planner
-    # What keeps a night on configs that can run and might win (off only for scripts/bench_search.py's
+    # What keeps a night on configs that can run and might win (off only for bench/bench_search.py's
     # "before" arm): vLLM's pre-flight and learned refusals, pruning hopeless benchmarks. One-knob
     # changes in place of TPE's random start-up points are off by default: on the simulated engine
     # they took the search longer to its best (docs/results.md).

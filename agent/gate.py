@@ -61,7 +61,7 @@ class Baseline:
     baseline instances the search-side screen used. A screen passes a candidate more often when the
     instances it compared with happened to be slow, and an instance is slow on both prompt sets; a
     decision against those same instances would accept a config with no gain more often than its
-    bounds say (6.3% instead of 3.9% at log-sd 0.07, measured with scripts/gate_oc.py).
+    bounds say (6.3% instead of 3.9% at log-sd 0.07, measured with bench/gate_oc.py).
     """
     search: list[float]                 # TPS of each instance of the defaults the screen compares with
     heldout: list[float]                # on the held-out prompts: the A/A's and instances measured for decisions

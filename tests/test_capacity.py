@@ -281,12 +281,12 @@ def test_agent_capacity_measures_stores_and_prints_the_defaults_side_by_side(tmp
 
 
 def test_the_docs_table_and_plot_come_from_an_exported_folder(tmp_path):
-    """scripts/capacity_table.py: docs/results.md's capacity table and SVG from committed raw files."""
+    """bench/capacity_table.py: docs/results.md's capacity table and SVG from committed raw files."""
     import subprocess
     import sys
 
     sweep.export(two_curves(), tmp_path / "sweep", model="m")
-    done = subprocess.run([sys.executable, "scripts/capacity_table.py", str(tmp_path / "sweep"), "--svg",
+    done = subprocess.run([sys.executable, "bench/capacity_table.py", str(tmp_path / "sweep"), "--svg",
                            str(tmp_path / "c.svg"), "--price-per-hour", "1"], capture_output=True, text=True,
                           cwd=Path(__file__).parents[1], timeout=120)
     assert done.returncode == 0, done.stderr

@@ -33,5 +33,8 @@ def test_the_image_is_what_the_docs_say():
     assert 'ENTRYPOINT ["agent"]' in text and 'VOLUME ["/runs", "/cache"]' in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "runs", ".git"} <= set(ignored)   # the context stays the source, not gigabytes
-    for copied in ("agent/", "sandbox/", "search_space/", "scripts/"):
+    for copied in ("agent/", "sandbox/", "search_space/", "scripts/setup.sh"):
         assert f"COPY {copied} {copied}" in text
+    # the lab (bench/: experiments, data generators) is not in the image; the product's scripts are setup.sh alone
+    assert "bench" in ignored and "bench" not in text and sorted(p.name for p in (ROOT / "scripts").iterdir()) == [
+        "setup.sh"]

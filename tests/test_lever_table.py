@@ -1,4 +1,4 @@
-"""scripts/lever_table.py, the lever table's script, on the stand-in server (its real-engine runs are the
+"""bench/lever_table.py, the lever table's script, on the stand-in server (its real-engine runs are the
 GPU blocks, docs/history.md): the levers take turns on fresh servers, a known loser reads below 1
 beyond its interval, a lever whose server refuses to start is a row saying so, and the table is
 printed from the raw lines alone."""
@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.process   # starts processes (tests/conftest.py: not in `pytest -m unit`)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import lever_table  # noqa: E402
 

@@ -112,11 +112,11 @@ def test_open_loop_latency_counts_the_wait_for_a_free_slot(tmp_path):
 
 
 def test_the_meter_agreement_script_runs_in_a_minute_and_both_meters_count_alike(tmp_path, embedded_model):
-    """scripts/meter_vs_vllm_bench.py against a running server (--url): the agent's meter and
+    """bench/meter_vs_vllm_bench.py against a running server (--url): the agent's meter and
     `vllm bench serve` itself, interleaved, sampled and seeded alike; on the stand-in server (10 ms a
     token, sleep-bound) the two must read the same tokens and nearly the same rate. The figures on
     real vLLM are in docs/meter-vs-vllm-bench.md, from the same script."""
-    script = Path(__file__).resolve().parents[1] / "scripts" / "meter_vs_vllm_bench.py"
+    script = Path(__file__).resolve().parents[1] / "bench" / "meter_vs_vllm_bench.py"
     # At 1 ms a token a round lasted 0.3 s, and the clients' own overhead decided the ratio (CI read 0.84).
     with fake(tmp_path, token_s=0.01) as (url, record):
         out = tmp_path / "out"

@@ -3,7 +3,7 @@ counts the tokens streamed between the end of its ramp (every one of its first C
 first token) and the start of its drain (its last request sent). Pure tests on hand-made timings,
 then phases against the stand-in server over real HTTP: a long drain does not move the figure, a
 stalled tail lowers it, a slow first batch (a cold kernel) is left out, and every request is still
-in the latencies. The real engine's phases are in docs/history.md (scripts/phase_table.py)."""
+in the latencies. The real engine's phases are in docs/history.md (bench/phase_table.py)."""
 
 from __future__ import annotations
 

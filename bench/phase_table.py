@@ -2,9 +2,9 @@
 consecutive phases of fresh requests, each measured exactly as a trial measures it
 (sandbox.worker._measure: the steady window at concurrency > 1, docs/meters-and-gate.md).
 
-    .venv/bin/python scripts/phase_table.py run --workload default-cpu --concurrency 8 --phases 4
-    python3 scripts/phase_table.py run --workload default --workload default-c128 --phases 4   # a GPU
-    .venv/bin/python scripts/phase_table.py table docs/data/phases/*.jsonl
+    .venv/bin/python bench/phase_table.py run --workload default-cpu --concurrency 8 --phases 4
+    python3 bench/phase_table.py run --workload default --workload default-c128 --phases 4   # a GPU
+    .venv/bin/python bench/phase_table.py table docs/data/phases/*.jsonl
 
 `run` starts ONE server with the space's fixed flags (search_space/vllm-gpu.yaml on a GPU,
 vllm-cpu.yaml otherwise) and the context length `agent run` would serve for the workload's traffic,
@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from sandbox import bench, host, worker  # noqa: E402
 from sandbox.server import Server  # noqa: E402

@@ -1,6 +1,6 @@
 """Kills and resumes over one real `agent run`: nothing lost, nothing run twice, nothing left running.
 
-    .venv/bin/python scripts/kill_soak.py --kills 10 --budget 45m --seed 0
+    .venv/bin/python bench/kill_soak.py --kills 10 --budget 45m --seed 0
 
 Starts `agent run` on the embedded model under a fresh AGENT_HOME (runs/kill-soak/<stamp>/home)
 and, at moments drawn from a seeded schedule (gaps uniform between --min-gap and --max-gap seconds),
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_run_real import eager_space, quality_text  # noqa: E402   the real-run test's cheap instances
+from cheap_instances import eager_space, quality_text  # noqa: E402   the real-run test's cheap instances
 
 from agent import recovery  # noqa: E402
 from agent.ledger import Ledger  # noqa: E402

@@ -1,7 +1,7 @@
 """Ledgers written by every commit that changed the ledger's schema, as that commit's own code wrote
 them, for tests/test_migrations.py: each one must open, migrate and read under today's code.
 
-    python3 scripts/ledger_fixtures.py            # writes tests/data/ledgers/<date>-<commit>.sqlite
+    python3 tests/ledger_fixtures.py            # writes tests/data/ledgers/<date>-<commit>.sqlite
 
 For each commit that touched agent/ledger.py, a detached worktree of it writes one run (its settings
 in the shape that commit's `agent run` stored: the Settings dataclass from e652c7b; before, its

@@ -2,7 +2,7 @@
 `agent capacity --export` wrote: the same table `agent capacity` prints, and an SVG of p99 end-to-end
 latency against output tokens/s, config by config, each rung labelled by its load and each knee ringed.
 
-    .venv/bin/python scripts/capacity_table.py docs/data/capacity/20261207 [--svg docs/data/capacity/20261207.svg]
+    .venv/bin/python bench/capacity_table.py docs/data/capacity/20261207 [--svg docs/data/capacity/20261207.svg]
         [--price-per-hour P] [--target-rate R] [--slo-e2e-p99-ms MS]
 """
 

@@ -3,7 +3,7 @@
 Every prompt is a template below filled with a subject below; both lists were written for this
 repository, so the set is ours to ship. Subjects, not prompts, are split between the search part
 and the held-out part, so a held-out prompt never shares its subject with a prompt the search saw.
-Run: python scripts/make_prompts.py  (deterministic; the committed file is its output)
+Run: python bench/make_prompts.py  (deterministic; the committed file is its output)
 """
 
 import json

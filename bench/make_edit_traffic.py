@@ -21,8 +21,8 @@ About 60% sampled (temperature 0.6 to 1.0, top_p 0.9 or 0.95), the rest greedy; 
 name, company, product, address, number and identifier is invented here from seeded random choices
 (nothing is read from anywhere; email domains are under .example); no two prompts are the same.
 
-    python3 scripts/make_edit_traffic.py sandbox/data/traffic/edits.jsonl
-    python3 scripts/make_edit_traffic.py --chat 1000 sandbox/data/traffic/edits-chat.jsonl
+    python3 bench/make_edit_traffic.py sandbox/data/traffic/edits.jsonl
+    python3 bench/make_edit_traffic.py --chat 1000 sandbox/data/traffic/edits-chat.jsonl
 
 --chat N: the first N of the same requests as chat (/v1/chat/completions, the shipped Gemma template), as
 an editing tool sends them to a chat model whose answer it starts: the instruction and the text as the
@@ -446,7 +446,7 @@ def main() -> None:
     if chat is not None:
         args = args[1:]
     if len(args) != 1:
-        sys.exit("usage: python3 scripts/make_edit_traffic.py [--chat N] OUT.jsonl")
+        sys.exit("usage: python3 bench/make_edit_traffic.py [--chat N] OUT.jsonl")
     rows = [row for _, row, _ in generate()]
     if chat is not None:
         rows = [as_chat(row) for row in rows[:chat]]

@@ -1,9 +1,9 @@
 """Which levers bind where: each lever alone against the defaults, on fresh server instances, for
 several traffic shapes served one after another by each instance (docs/history.md, "Levers on a GPU").
 
-    python3 scripts/lever_table.py run --budget-s 1200 --out /tmp/res/levers.jsonl --raw /tmp/res/raw
-    python3 scripts/lever_table.py run --shape serving-c32 --lever defaults --lever max-num-seqs-8 --instances 1
-    python3 scripts/lever_table.py table docs/data/levers/*.jsonl
+    python3 bench/lever_table.py run --budget-s 1200 --out /tmp/res/levers.jsonl --raw /tmp/res/raw
+    python3 bench/lever_table.py run --shape serving-c32 --lever defaults --lever max-num-seqs-8 --instances 1
+    python3 bench/lever_table.py table docs/data/levers/*.jsonl
 
 `run` starts one server per instance: the space's fixed flags (search_space/vllm-gpu.yaml on a GPU,
 vllm-cpu.yaml otherwise) and the context `agent run` would serve for every shape's traffic, plus the
@@ -42,7 +42,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from phase_table import commit, device, server_flags  # noqa: E402
 

@@ -18,7 +18,7 @@ conversations is measured as served.
 trace.jsonl: default.jsonl's requests with a timestamp each (bursty arrivals, one a second on
 average): the shipped trace for `--arrivals trace`.
 
-    python scripts/make_traffic.py
+    python bench/make_traffic.py
 """
 
 import json

@@ -11,7 +11,7 @@
 #     .venv/bin/python -c "from sandbox.workload import load_workload; load_workload('W').check(2)"
 # Run from the project root on the GPU host once its packages are installed (a development tool:
 # ../shared/tools/gpu/on-device.sh, or `agent bundle` and `VENV=/opt/torch/.venv scripts/setup.sh --offline`).
-#     R=/tmp/res RUN_M=25 setsid nohup bash scripts/gpu_agent_block.sh > /tmp/res/block.log 2>&1 &
+#     R=/tmp/res RUN_M=25 setsid nohup bash bench/gpu_agent_block.sh > /tmp/res/block.log 2>&1 &
 set -u
 BLOCK_S=${BLOCK_S:-1620}
 RUN_M=${RUN_M:-25}
@@ -19,7 +19,7 @@ SRC=${SRC:-/tmp/src}
 rm -rf "$SRC" && mkdir -p "$SRC"
 tar --exclude=./.gpu --exclude=./.venv --exclude=./runs --exclude=./.git -cf - . | tar -C "$SRC" -xf -
 cd "$SRC" || exit 1
-source scripts/gpu_block_start.sh   # $R, $PY, step, left; the model prepared
+source bench/gpu_block_start.sh   # $R, $PY, step, left; the model prepared
 
 WORKLOAD=${WORKLOAD:-default}
 
@@ -29,7 +29,7 @@ $PY -m agent.cli ledger --json > "$R/ledger.json" 2>&1
 $PY -m agent.cli report > "$R/report.txt" 2>&1
 $PY -m agent.cli doctor > "$R/doctor.log" 2>&1
 $PY -m agent.cli branches > "$R/branches.txt" 2>&1
-$PY scripts/trials_per_hour.py runs/ledger.sqlite > "$R/trials_per_hour.log" 2>&1
+$PY bench/trials_per_hour.py runs/ledger.sqlite > "$R/trials_per_hour.log" 2>&1
 cp runs/ledger.sqlite "$R/ledger.sqlite"
 git -C runs/proposals log --all --format='%h %D %s' > "$R/proposals.log" 2>&1
 branch=$(git -C runs/proposals for-each-ref --format='%(refname:short)' refs/heads/agent/ | head -1)

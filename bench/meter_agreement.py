@@ -1,8 +1,8 @@
 """The agent's meter against `vllm bench serve` under load, on the same requests, interleaved on one server.
 
-    python3 scripts/meter_agreement.py --rounds 3                 # a GPU: concurrency 32, 256 requests a shape
-    .venv/bin/python scripts/meter_agreement.py --concurrency 4 --requests 32 --rounds 2   # a quick CPU check
-    .venv/bin/python scripts/meter_agreement.py table docs/data/agreement/*.jsonl
+    python3 bench/meter_agreement.py --rounds 3                 # a GPU: concurrency 32, 256 requests a shape
+    .venv/bin/python bench/meter_agreement.py --concurrency 4 --requests 32 --rounds 2   # a quick CPU check
+    .venv/bin/python bench/meter_agreement.py table docs/data/agreement/*.jsonl
 
 Two shapes, each greedy with ignore_eos so both meters count exactly the same tokens:
 - `random`: prompts of 128 tokens and 128 output tokens, drawn as `vllm bench serve --dataset-name
@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from meter_vs_vllm_bench import BENCH_WRAPPER  # noqa: E402
 from phase_table import commit, device, server_flags  # noqa: E402

@@ -1,7 +1,7 @@
 """A bandwidth-bound stand-in for the lever table: an 8B-shaped model with no weights.
 
-    python3 scripts/make_standin.py                      # writes runs/models/standin-8b
-    python3 scripts/lever_table.py run --model runs/models/standin-8b --extra-flag=--load-format \\
+    python3 bench/make_standin.py                      # writes runs/models/standin-8b
+    python3 bench/lever_table.py run --model runs/models/standin-8b --extra-flag=--load-format \\
         --extra-flag=dummy --shape fixed-c32 --shape fixed-c128 ...
 
 The folder holds a config.json in Llama 3 8B's shape (hidden 4096, 32 layers, MLP 14336, 32 query

@@ -6,7 +6,7 @@ defaults and for core binding (VLLM_CPU_OMP_THREADS_BIND=0-<last core>), and pri
 server start time and tokens/s, the means by length, and binding's ratio at each length. Raw results
 go under OUT (one JSON a trial, as the worker writes them).
 
-    .venv/bin/python scripts/context_length_check.py --out docs/data/context-length --rounds 1
+    .venv/bin/python bench/context_length_check.py --out docs/data/context-length --rounds 1
 About 4 server instances a round, 2-7 minutes each on a 2-core machine.
 """
 

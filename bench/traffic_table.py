@@ -1,10 +1,10 @@
 """The same configs measured side by side, in one run, on the challenge meter, the realistic default
 and the chat example: what the meter choice does to a config's ratio.
 
-    .venv/bin/python scripts/traffic_table.py                    # CPU: defaults, core binding, binding + ngram
-    .venv/bin/python scripts/traffic_table.py --only defaults,no-prefix-cache --workloads conversations-cpu,chat-cpu
-    python3 scripts/traffic_table.py --gpu                       # GPU: defaults, ngram, ngram_gpu with async scheduling
-    python3 scripts/traffic_table.py --gpu --levers --repeats 3  # GPU: one stream's levers, one at a time
+    .venv/bin/python bench/traffic_table.py                    # CPU: defaults, core binding, binding + ngram
+    .venv/bin/python bench/traffic_table.py --only defaults,no-prefix-cache --workloads conversations-cpu,chat-cpu
+    python3 bench/traffic_table.py --gpu                       # GPU: defaults, ngram, ngram_gpu with async scheduling
+    python3 bench/traffic_table.py --gpu --levers --repeats 3  # GPU: one stream's levers, one at a time
 
 One fresh server per config (the space's fixed flags, the workloads' context length, the shipped
 Gemma chat template); on it, for each workload, its warm-ups, then `--repeats` measured phases of

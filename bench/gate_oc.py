@@ -1,6 +1,6 @@
 """The gate's operating characteristic, measured on the simulated engine.
 
-    python scripts/gate_oc.py [--decisions 2000] [--seed 0]
+    python bench/gate_oc.py [--decisions 2000] [--seed 0]
 
 For each instance noise (log-sd 0.07 and 0.15: about the largest spreads measured on the CPU
 machine and on the H200) and each truth (no gain; a lossless 1.3x gain), it plays a run's
@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the simulated engine
 
 from sim_engine import SimulatedEngine  # noqa: E402
 

@@ -2,7 +2,7 @@
 purpose, resume after each, and say what became of the candidates cut there (docs/RELIABILITY.md,
 windows 1 and 2; the crash suite does the same on the test engine, tests/crash_run.py).
 
-    python scripts/kill_windows.py --budget 40m            # any `agent run` options after the script
+    python bench/kill_windows.py --budget 40m            # any `agent run` options after the script
 
 1. `agent run ...`, killed right after its first candidate's figures are recorded, before the gate's
    verdict (window 1);

@@ -7,7 +7,7 @@
 # two instances of the defaults differ by more than 10% (the first H100 block's host: 1.7x).
 # Run from the project root on the GPU host once its packages are installed (a development tool:
 # ../shared/tools/gpu/on-device.sh, or `agent bundle` and `VENV=/opt/torch/.venv scripts/setup.sh --offline`).
-#     R=/tmp/res setsid nohup bash scripts/gpu_lever_block.sh > /tmp/res/block.log 2>&1 &
+#     R=/tmp/res setsid nohup bash bench/gpu_lever_block.sh > /tmp/res/block.log 2>&1 &
 set -u
 BLOCK_S=${BLOCK_S:-1400}
 LEVER_S=${LEVER_S:-1000}
@@ -24,16 +24,16 @@ LEVERS=${LEVERS:-"--lever api-server-count-4 --lever graphs-to-2048 --lever no-a
     --also api-server-count-2 --also max-num-batched-tokens-16384 --also stream-interval-8"}
 SHAPES=${SHAPES:-"--shape serving-c32 --shape serving-c128 --shape rag-c32"}   # a shorter block: fewer shapes
 # shellcheck disable=SC2086
-$PY scripts/lever_table.py run $SHAPES $LEVERS \
+$PY bench/lever_table.py run $SHAPES $LEVERS \
     --budget-s "$LEVER_S" --max-defaults-spread "${SPREAD:-0.10}" --out "$R/levers-gpu.jsonl" --raw "$R/raw" \
     > "$R/levers.log" 2>&1 || step "lever table failed"
 
 if [ "${STANDIN:-0}" = 1 ]; then
   step "the 8B-shaped stand-in, dummy weights ($(left) s left)"
-  $PY scripts/make_standin.py > "$R/standin.log" 2>&1 || step "stand-in failed"
+  $PY bench/make_standin.py > "$R/standin.log" 2>&1 || step "stand-in failed"
   budget=$(( $(left) - 30 ))
   if [ "$budget" -ge 150 ]; then
-    $PY scripts/lever_table.py run --model runs/models/standin-8b --extra-flag=--load-format --extra-flag=dummy \
+    $PY bench/lever_table.py run --model runs/models/standin-8b --extra-flag=--load-format --extra-flag=dummy \
         --shape fixed-c32 --shape fixed-c128 --lever kv-cache-fp8 --lever max-num-seqs-64 --lever graphs-to-32 \
         --instances 1 --budget-s "$budget" --out "$R/levers-standin.jsonl" --raw "$R/raw" >> "$R/standin.log" 2>&1 \
         || step "stand-in table failed"

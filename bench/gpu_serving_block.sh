@@ -6,23 +6,23 @@
 # `agent run` on the GPU default with what is left of $BLOCK_S (at least 8 minutes, else skipped).
 # Run from the project root on the GPU host once its packages are installed (a development tool:
 # ../shared/tools/gpu/on-device.sh, or `agent bundle` and `VENV=/opt/torch/.venv scripts/setup.sh --offline`).
-#     R=/tmp/res BLOCK_S=1380 setsid nohup bash scripts/gpu_serving_block.sh > /tmp/res/block.log 2>&1 &
+#     R=/tmp/res BLOCK_S=1380 setsid nohup bash bench/gpu_serving_block.sh > /tmp/res/block.log 2>&1 &
 set -u
 BLOCK_S=${BLOCK_S:-1380}
 source "$(dirname "$0")/gpu_block_start.sh"   # $R, $PY, step, left; the model prepared
 
 step "phase table: default (c32) then default-c128 on one server, 4 phases each"
-$PY scripts/phase_table.py run --workload default --workload default-c128 --phases 4 \
+$PY bench/phase_table.py run --workload default --workload default-c128 --phases 4 \
     --out "$R/phases-gpu.jsonl" --log-dir "$R" > "$R/phases.log" 2>&1 || step "phase table failed"
 
 step "meter agreement at concurrency 32"
-$PY scripts/meter_agreement.py --rounds 3 --out "$R/agreement/gpu.jsonl" --log-dir "$R" \
+$PY bench/meter_agreement.py --rounds 3 --out "$R/agreement/gpu.jsonl" --log-dir "$R" \
     > "$R/agreement.log" 2>&1 || step "agreement failed"
 
-LEN=$($PY -c "import sys; sys.path.insert(0, 'scripts'); from phase_table import context; \
+LEN=$($PY -c "import sys; sys.path.insert(0, 'bench'); from phase_table import context; \
 from sandbox.workload import load_workload; print(context('runs/models/gemma-3-270m', [load_workload('default')]))")
 step "start breakdown: 3 starts of the GPU default (max-model-len $LEN), the host's caches"
-$PY scripts/start_breakdown.py --starts 3 --max-model-len "$LEN" --label warm --out "$R/starts" \
+$PY bench/start_breakdown.py --starts 3 --max-model-len "$LEN" --label warm --out "$R/starts" \
     > "$R/starts.log" 2>&1 || step "start breakdown failed"
 
 budget=$(( $(left) / 60 - 1 ))
@@ -31,7 +31,7 @@ if [ "$budget" -ge 8 ]; then
   $PY -m agent.cli run --budget "${budget}m" > "$R/run.log" 2>&1 || step "agent run exited $?"
   $PY -m agent.cli ledger --json > "$R/ledger.json" 2>&1
   $PY -m agent.cli doctor > "$R/doctor.log" 2>&1
-  $PY scripts/trials_per_hour.py runs/ledger.sqlite > "$R/trials_per_hour.log" 2>&1
+  $PY bench/trials_per_hour.py runs/ledger.sqlite > "$R/trials_per_hour.log" 2>&1
   cp runs/ledger.sqlite "$R/ledger.sqlite"
 else
   step "agent run skipped: $(left) s left"

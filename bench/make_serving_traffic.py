@@ -2,7 +2,7 @@
 are its output), for the embedded model (Gemma 3 270M, a base model: completions, no chat template).
 
 serving.jsonl: N_SERVING (5,600) distinct completion requests, base-model completions as they are
-served, in the families of default.jsonl (scripts/make_traffic.py) with far more varied text:
+served, in the families of default.jsonl (bench/make_traffic.py) with far more varied text:
 few-shot questions (18%), definitions and glossaries (10%), translations into six languages (10%),
 summaries of an article (10%), lists (9%), emails (8%), paragraphs and document continuations (13%),
 code continuation (13%) and stories (9%). Each family has its own stop sequences (a newline after a
@@ -56,8 +56,8 @@ whose text differs (Debian's python3.11 is 3.11.2 and patched), would give other
 then refuses to write unless --force is given, and says why. --check regenerates in memory and
 compares with the committed files (exit status 1 if they differ).
 
-    python3 scripts/make_serving_traffic.py            # write both files
-    python3 scripts/make_serving_traffic.py --check    # do the committed files match?
+    python3 bench/make_serving_traffic.py            # write both files
+    python3 bench/make_serving_traffic.py --check    # do the committed files match?
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "sandbox" / "data" / "traffic"
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "bench"))
 import make_traffic  # noqa: E402  default.jsonl's subjects, the first of these
 
 MADE_WITH = (3, 11, 7)

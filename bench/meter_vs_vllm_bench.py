@@ -1,7 +1,7 @@
 """The agent's meter against vLLM's own `vllm bench serve`, interleaved on one server.
 
-    .venv/bin/python scripts/meter_vs_vllm_bench.py --pairs 8 --arms agent,vllm,old
-    .venv/bin/python scripts/meter_vs_vllm_bench.py --pairs 8 --sampled 1.0
+    .venv/bin/python bench/meter_vs_vllm_bench.py --pairs 8 --arms agent,vllm,old
+    .venv/bin/python bench/meter_vs_vllm_bench.py --pairs 8 --sampled 1.0
 
 Starts ONE vLLM server (or measures one already running, --url) with the CPU space's fixed flags and environment
 (search_space/vllm-cpu.yaml: max-model-len 2048, VLLM_CPU_KVCACHE_SPACE=2,

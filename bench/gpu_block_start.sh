@@ -1,4 +1,4 @@
-# Sourced by the GPU block scripts (scripts/gpu_*_block.sh), after they set BLOCK_S: the results folder
+# Sourced by the GPU block scripts (bench/gpu_*_block.sh), after they set BLOCK_S: the results folder
 # $R, the Python $PY, step (a timestamped line in $R/steps.log) and left (seconds of $BLOCK_S left),
 # then the embedded model prepared and the GPU named in $R/gpu.csv.
 R=${R:-/tmp/res}

@@ -2,7 +2,7 @@
 sequence or its max_tokens? Samples continuations of a few document styles with transformers on
 the prepared model (no server) and counts those ending in <eos> (id 1) or <end_of_turn> (106).
 
-    .venv/bin/python scripts/probe_eos.py --samples 5     # about a minute on 2 cores
+    .venv/bin/python bench/probe_eos.py --samples 5     # about a minute on 2 cores
 
 Why it matters: docs/traffic.md (the realistic default uses stop sequences because of it).
 """
