@@ -15,13 +15,16 @@ Its cost is said in the plan line (agent.capacity.estimate_s): two server starts
 
 from __future__ import annotations
 
+import functools
 import math
 import shlex
+
+import git
 
 from agent import capacity, capacity_run, clock, gitops, proposal
 from agent.capacity import Curve, Worth
 from agent.capacity_run import Ask, CapacityError, Subject
-from agent.context import RunContext, Seams, inputs_of, settings_of
+from agent.context import RunContext, Seams, inputs_of
 from agent.ledger import Run, Trial
 from agent.results_file import CapacityCurve, CapacityFigures, CapacityRung
 from agent.states import Source
@@ -35,10 +38,8 @@ def ask_of(run: Run) -> Ask | None:
     given = inputs_of(run)
     if not given.capacity:
         return None
-    ladder, gate = capacity.ladder_of(given.capacity), settings_of(run).gate
-    slo = {k: v for k, v in (("ttft_p99_ms", gate.slo_ttft_p99_ms), ("itl_p99_ms", gate.slo_itl_p99_ms),
-                             ("e2e_p99_ms", given.slo_e2e_p99_ms)) if v is not None}
-    return Ask(ladder.kind, ladder.loads, 1, slo, given.price_per_hour, given.target_rate, 1)
+    ladder = capacity.ladder_of(given.capacity)
+    return Ask(ladder.kind, ladder.loads, 1, capacity_run.slo_of(run), given.price_per_hour, given.target_rate, 1)
 
 
 def due(ctx: RunContext, seams: Seams, history: list[Trial]) -> Trial | None:
@@ -47,9 +48,16 @@ def due(ctx: RunContext, seams: Seams, history: list[Trial]) -> Trial | None:
     if seams.repo is None or not inputs_of(ctx.run).capacity or (ctx.run.calibration or {}).get("capacity"):
         return None
     first = min((t for t in history if t.branch and t.commit), key=lambda t: t.number, default=None)
-    if first is None or f"{TRAILER}:" in seams.repo.commit(first.commit).message:
+    if first is None or _has_worth(seams.repo.git_dir, first.commit):
         return None
     return first
+
+
+@functools.lru_cache(maxsize=64)
+def _has_worth(git_dir: str, sha: str) -> bool:
+    """Whether a commit carries the branch's worth (its trailer): read from git once per commit, which
+    never changes, though the loop asks after every trial."""
+    return f"{TRAILER}:" in git.Repo(git_dir).commit(sha).message
 
 
 def measure_into(ctx: RunContext, seams: Seams, trial: Trial) -> None:
@@ -62,10 +70,12 @@ def measure_into(ctx: RunContext, seams: Seams, trial: Trial) -> None:
     subjects = [_defaults(ledger.trials(run.id)), Subject(trial.branch or "", trial.number, dict(trial.flags),
                                                           {k: str(v) for k, v in trial.env.items()})]
     curves: list[Curve] = []
+    worths: list[Worth] = []
     try:
         for subject in subjects:
             if subject.name in kept:
                 curves.append(capacity.from_dict(kept[subject.name].curve))
+                worths.append(judged(curves[-1], ask))
                 continue
             left = clock.seconds_left(run.deadline_at)
             if left < 120:
@@ -74,9 +84,10 @@ def measure_into(ctx: RunContext, seams: Seams, trial: Trial) -> None:
                                  f"{', '.join(f'{x:g}' for x in ask.loads)} ({left / 60:.0f} min left)")
             curve = capacity_run.measure(run, subject, ask, seams.engine, ctx.home / run.id / "capacity",
                                          lambda line: say("capacity", line=f"capacity: {line}"), timeout_s=left)
-            capacity_run.store(ledger, run, curve, judged(curve, ask), ask, subject.trial, SOURCE)
             curves.append(curve)
-        figures = figures_of(ask, curves, again(run, trial, ask))
+            worths.append(judged(curve, ask))
+            capacity_run.store(ledger, run, curve, worths[-1], ask, subject.trial, SOURCE)
+        figures = figures_of(ask, curves, worths, again(run, trial, ask))
         files = proposal.files(run, trial, figures)
         commit = gitops.add_commit(seams.repo, trial.branch or "", trial.commit or "", files,
                                    message(run, trial, figures))
@@ -98,9 +109,8 @@ def judged(curve: Curve, ask: Ask) -> Worth:
     return capacity.worth(curve, ask.slo, ask.price_per_hour, ask.target_rate)
 
 
-def figures_of(ask: Ask, curves: list[Curve], command: str) -> CapacityFigures:
-    """The defaults' and the config's curves, judged, as the branch's results.json keeps them."""
-    worths = [judged(c, ask) for c in curves]
+def figures_of(ask: Ask, curves: list[Curve], worths: list[Worth], command: str) -> CapacityFigures:
+    """The defaults' and the config's curves with what each is worth, as the branch's results.json keeps them."""
     base, mine = worths
     ratio = (round(mine.tokens_per_device_hour / base.tokens_per_device_hour, 4)
              if base.tokens_per_device_hour and mine.tokens_per_device_hour else None)

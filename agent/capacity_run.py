@@ -12,7 +12,7 @@ from pathlib import Path
 
 from agent import capacity, hub, morning
 from agent.capacity import Curve, Rung, Worth
-from agent.context import settings_of
+from agent.context import inputs_of, settings_of
 from agent.ledger import Capacity, Ledger, Run
 from agent.states import Source
 
@@ -174,6 +174,13 @@ def table(curves: list[Curve], worths: list[Worth], ask: Ask, noise_sd: float) -
     return lines
 
 
+def slo_of(run: Run) -> dict[str, float]:
+    """The run's own SLO bounds, as a ladder judges them: its gate's TTFT and ITL p99, and its e2e p99."""
+    gate, given = settings_of(run).gate, inputs_of(run)
+    return {k: v for k, v in (("ttft_p99_ms", gate.slo_ttft_p99_ms), ("itl_p99_ms", gate.slo_itl_p99_ms),
+                              ("e2e_p99_ms", given.slo_e2e_p99_ms)) if v is not None}
+
+
 def command(ledger: Ledger, run_id: str | None, ask: Ask, branches: list[str], every: bool,
             export_dir: Path | None, import_dir: Path | None, say: Callable[[str], None], engine=None) -> list[str]:
     """`agent capacity`: measure (or, with import_dir, read) the curves, judge, store and tabulate them.
@@ -188,8 +195,7 @@ def command(ledger: Ledger, run_id: str | None, ask: Ask, branches: list[str], e
     if run is None:
         raise RunError(f"no run {run_id!r} in the ledger" if run_id else "no run in the ledger yet: agent run first")
     gate = settings_of(run).gate
-    slo = ask.slo or {k: v for k, v in (("ttft_p99_ms", gate.slo_ttft_p99_ms), ("itl_p99_ms", gate.slo_itl_p99_ms))
-                      if v is not None}
+    slo = ask.slo or slo_of(run)
     ask = Ask(ask.kind, ask.loads, ask.instances, slo, ask.price_per_hour, ask.target_rate, ask.devices)
     def judged(curve: Curve) -> Worth:
         return capacity.worth(curve, slo, ask.price_per_hour, ask.target_rate)

@@ -18,7 +18,7 @@ from agent.ledger import Ledger, Run
 from agent.space import Space
 from agent.stats import Noise
 from agent.views import RunView
-from sandbox.contract import TrialResult
+from sandbox.contract import TrialResult, Workload
 
 
 class Engine(Protocol):
@@ -143,13 +143,18 @@ class RunContext:
     worker_id: int | None = None   # this process's row in the run's workers (agent.crew.join): its trials carry it
 
     @cached_property
+    def meter(self) -> Workload:
+        """The run's workload, loaded once (OSError or ValueError where its traffic cannot be read)."""
+        from sandbox.contract import load_workload
+
+        return load_workload(self.settings.workload)
+
+    @cached_property
     def heldout_points(self) -> int:
         """The goodput rate points the held-out split allows (0 under any other objective): how long
         a held-out phase is, for the budget (agent.budget.heldout_share)."""
-        from sandbox.contract import load_workload
-
         try:
-            meter = load_workload(self.settings.workload)
+            meter = self.meter
         except (OSError, ValueError):   # a worker that cannot read the run's traffic: held-out phases as long
             return 0                    # as search ones, the estimate before this was kept
         return meter.with_split("heldout").rate_points() if meter.objective == "goodput" else 0

@@ -192,14 +192,12 @@ def fits_a_decision(ctx: RunContext, last: Trial, instances_left: int, aa_left: 
 def capacity_cost(ctx: RunContext, last: Trial) -> dict:
     """--capacity's cost from this instance of the defaults (agent.capacity.estimate_s), for the plan line."""
     from agent import capacity
-    from sandbox.contract import load_workload
 
     given = inputs_of(ctx.run).capacity
     if not given:
         return {}
     ladder = capacity.ladder_of(given)
-    meter = load_workload(ctx.settings.workload)
-    low, high = capacity.estimate_s(last.timings, meter, ctx.settings.repeats, ladder)
+    low, high = capacity.estimate_s(last.timings, ctx.meter, ctx.settings.repeats, ladder)
     return {"capacity_of": f"{ladder.kind} {','.join(f'{x:g}' for x in ladder.loads)}",
             "capacity_s": [round(low), round(high)]}
 

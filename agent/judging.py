@@ -201,10 +201,8 @@ class HeldOutServers:
     next instance, or an extra instance of the defaults (a row of its own); every one's time kept."""
 
     def __init__(self, ctx: RunContext, seams: Seams, row: Trial, history: list[Trial]):
-        from sandbox.contract import load_workload
-
         self.ctx, self.seams, self.row, self.history = ctx, seams, row, history
-        self.meter = load_workload(ctx.settings.workload).with_split("heldout")
+        self.meter = ctx.meter.with_split("heldout")
         self.times: list[float] = []
         self.count = 0   # the candidate's instances so far
 
