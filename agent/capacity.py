@@ -29,10 +29,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sandbox.contract import Ladder, Workload
+from sandbox.contract import SLO_FIELDS, Ladder, Workload
 
 LATENCIES = ("ttft_ms", "itl_ms", "latency_ms")
-SLO_FIELDS = {"ttft_p99_ms": "ttft_ms", "itl_p99_ms": "itl_ms", "e2e_p99_ms": "latency_ms"}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from agent.defaults import goodput_start
 from agent.gate import Baseline, GateSettings, MeasureFailed
 from agent.ledger import Trial
 from agent.recording import finish, measure, record
-from agent.states import CANDIDATES, Decision, Source, Status, WorkerRole
+from agent.states import CANDIDATES, Decision, Source, Status, WorkerRole, branch_pending
 from agent.stats import compare
 from sandbox.contract import FailureClass, ResultError, StopRules, TrialResult, read_result
 
@@ -68,7 +68,7 @@ def unjudged(history: list[Trial]) -> list[Trial]:
 
 def unbranched(history: list[Trial]) -> list[Trial]:
     """Accepted but with no branch: a crash, or a git error, between the decision and the commit (window 2)."""
-    return [t for t in history if t.decision == Decision.ACCEPTED and not t.branch]
+    return [t for t in history if branch_pending(t)]
 
 
 def judge_again(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, history: list[Trial],

@@ -10,7 +10,7 @@ from rich.table import Table
 from agent import budget, objective, refusals
 from agent.gate import fmt_ms, geomean
 from agent.ledger import LearnedRule, RangeChange, Trial
-from agent.states import CANDIDATES, DEFAULTS_ON_SEARCH, Decision, Source, Status
+from agent.states import CANDIDATES, DEFAULTS_ON_SEARCH, Decision, Source, Status, branch_pending
 from agent.views import RunView, TrialView
 
 P99S = (("ttft_p99_ms", "TTFT"), ("itl_p99_ms", "ITL"))
@@ -111,7 +111,7 @@ def unbranched(trials: list[TrialView]) -> list[str]:
     return [f"  trial {t.number}: accepted ({claim(t)}) but not branched yet: "
             f"{next((r for r in reversed(t.gate_reasons or []) if r.startswith('not committed')), 'no branch')}; "
             f"agent run --resume {t.run_id} commits it"
-            for t in trials if t.decision == Decision.ACCEPTED and not t.branch]
+            for t in trials if branch_pending(t)]
 
 
 def branch_table(trials: list[TrialView]) -> Table | str:

@@ -17,13 +17,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import git
+
 from agent import budget, crew, devices, gitops, hub
 from agent import ledger as ledgers
 from agent import space as spaces
 from agent.context import Inputs, Settings, inputs_of, settings_of, stored
 from agent.gate import GateSettings
 from agent.stats import Noise
-from sandbox.contract import default_model_dir, model_is_ready, prepare_model
+from sandbox.contract import QualitySet, Traffic, Workload, default_model_dir, model_is_ready, prepare_model
 
 G, S = GateSettings, Settings  # every default lives on these two dataclasses
 
@@ -145,10 +147,10 @@ class Checked:
     """What the options are, checked before anything is prepared or written."""
     budget_s: float
     space: spaces.Space
-    meter: Any              # sandbox.contract.Workload, with --num-prompts
+    meter: Workload         # with --num-prompts
     quality: str
-    quality_set: Any        # sandbox.contract.QualitySet
-    proposals: Any          # the git.Repo branches go into
+    quality_set: QualitySet
+    proposals: git.Repo     # the repository branches go into
 
 
 @dataclass
@@ -161,9 +163,9 @@ class Prepared:
     revision: str | None
     drafts: list[str]
     space: spaces.Space
-    meter: Any
-    quality_set: Any
-    source: Any             # the user's --traffic file as prepared (agent.traffic), or None
+    meter: Workload
+    quality_set: QualitySet
+    source: Traffic | None  # the user's --traffic file as prepared (agent.traffic), or None
     context: int | None
     longest: int | None
 

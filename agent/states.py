@@ -89,6 +89,11 @@ def of_defaults(trial) -> bool:
     return trial.source in DEFAULTS
 
 
+def branch_pending(trial) -> bool:
+    """Accepted with no branch yet: a crash or a git error between the decision and its commit."""
+    return trial.decision == Decision.ACCEPTED and not trial.branch
+
+
 STATUS_MOVES = {
     Status.RUNNING: frozenset(Status) - {Status.RUNNING},
     Status.OK: frozenset({Status.INTERRUPTED}),

@@ -14,7 +14,7 @@ from sandbox.failures import FailureClass
 from sandbox.goodput import lower_bound as goodput_lower_bound
 from sandbox.host import engine as engine_info
 from sandbox.host import gpu_memory_used_mib, gpus, hardware, visible_ids
-from sandbox.ladders import Ladder
+from sandbox.ladders import SLO_FIELDS, Ladder
 from sandbox.metrics import share_above
 from sandbox.model import MIN_TRANSFORMERS, ModelError, check_transformers
 from sandbox.model import default_dir as default_model_dir
@@ -39,6 +39,7 @@ __all__ = [
     # the user's traffic and the meters
     "Request", "Traffic", "TrafficError", "load_traffic", "Workload", "QualitySet", "load_workload", "load_quality",
     "check_objective", "file_digest", "latency_of", "unit_times", "goodput_lower_bound", "share_above", "Ladder",
+    "SLO_FIELDS",
     # the host, the engine and a trial's processes
     "engine_info", "hardware", "gpus", "visible_ids", "gpu_memory_used_mib", "session_members",
     # the embedded model
