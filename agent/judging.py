@@ -114,7 +114,7 @@ def past_the_gate(ctx: RunContext, seams: Seams, row: Trial, base: Baseline, his
     settings, ledger = ctx.settings, seams.ledger
     if by := slower_than_branched(row, history, base, settings.gate):
         ledger.set_decision(row, Decision.DOMINATED, by, passed=False)
-    elif role is WorkerRole.WORKER:
+    elif role == WorkerRole.WORKER:
         ledger.set_decision(row, Decision.PUT_FORWARD)
     else:
         if settings.recheck and row.decision != Decision.AWAITING_RECHECK:   # a worker's, put forward

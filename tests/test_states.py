@@ -114,3 +114,15 @@ def test_no_state_is_written_as_a_string_literal_anywhere_in_the_agent():
              for line, field in literal_states(ast.parse(path.read_text()))
              if field not in NOT_STATES.get(path.name, set())}
     assert not found, sorted(found)
+
+
+def test_a_result_whose_failure_class_no_member_has_is_recorded_as_a_worker_error_naming_it(ledger):
+    from agent.recording import record
+    from sandbox.result import Failure, TrialResult
+
+    row = trial(ledger)
+    result = TrialResult(status="failed", failure=Failure("gpu_melted", "the card is gone", "tail"), workload={})
+    record(ledger, row, result)
+    (back,) = Ledger(ledger.path).trials("r")
+    assert (back.status, back.failure_class) == (Status.FAILED, "worker_error")
+    assert back.failure_message == "(failure class gpu_melted) the card is gone"
