@@ -42,7 +42,7 @@ def test_a_trial_moves_along_its_lifecycle_and_reads_back_as_the_strings_old_led
 def test_a_string_no_member_has_is_refused_at_the_write_and_nothing_is_written(ledger):
     row = trial(ledger)
     with pytest.raises(StatementError, match="oom_killer"):
-        ledger.transition(row, status=Status.FAILED, failure_class="oom_killer")   # type: ignore[typeddict-item]
+        ledger.transition(row, status=Status.FAILED, failure_class="oom_killer")   # as an untyped caller could
     assert Ledger(ledger.path).trials("r")[0].status == Status.RUNNING
     with pytest.raises(StatementError, match="chief"):
         ledger.add(Trial(run_id="r", number=7, source="chief", params={}))
