@@ -164,10 +164,13 @@ class UnknownState(ValueError):
 @migration
 def m007_states_typed(conn: Connection, tables: dict) -> None:
     """States became typed columns (agent.states, sandbox.failures.FailureClass: 2026-12-07), stored as
-    the same strings. A failure class no member has becomes `worker_error`, its old name kept at the
-    head of the failure message; any other state no member has stops the opening, naming it. Read and
-    written as plain text here: the typed columns would refuse the very values this looks for."""
+    the same strings. A failure class no member has is settled as a new result's is (FailureClass.of:
+    `worker_error`, its old name at the head of the message); any other state no member has stops the
+    opening, naming it. Read and written as plain text here: the typed columns would refuse the very
+    values this looks for."""
     from sqlalchemy import Enum
+
+    from sandbox.contract import FailureClass
 
     for table in tables.values():
         for column in (c for c in table.columns if isinstance(c.type, Enum)):
@@ -177,6 +180,9 @@ def m007_states_typed(conn: Connection, tables: dict) -> None:
                 if column.name != "failure_class":
                     raise UnknownState(f"{table.name}.{column.name} holds {value!r}, which no version of the agent "
                                        f"wrote; set it to one of {', '.join(column.type.enums)} and open it again")
-                conn.execute(text(f"UPDATE {table.name} SET failure_class = 'worker_error', failure_message = "
-                                  f":note || coalesce(failure_message, '') WHERE failure_class = :value"),
-                             {"note": f"(failure class {value}) ", "value": value})
+                rows = conn.execute(text(f"SELECT id, failure_message FROM {table.name} WHERE failure_class = :v"),
+                                    {"v": value}).all()
+                for id_, message in rows:   # few: a class no agent wrote
+                    klass, message = FailureClass.of(value, message)
+                    conn.execute(text(f"UPDATE {table.name} SET failure_class = :k, failure_message = :m "
+                                      f"WHERE id = :id"), {"k": klass.value, "m": message, "id": id_})

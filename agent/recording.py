@@ -69,7 +69,7 @@ def measure(ctx: RunContext, seams: Seams, row: Trial, timeout_s: float, stop_ru
 def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
     """The worker's result into the row, once; the row as written is returned."""
     failure, bench, quality = result.failure, result.bench, result.quality
-    klass, message = _failure_of(failure.klass, failure.message) if failure else (None, None)
+    klass, message = FailureClass.of(failure.klass, failure.message) if failure else (None, None)
     values = TrialWrite(
         status=Status(result.status), failure_class=klass,
         failure_message=message, failure_cause=failure.cause if failure else None,
@@ -99,14 +99,6 @@ def record(ledger: Ledger, row: Trial, result: TrialResult) -> Trial:
         raise Superseded(f"trial {row.number}: recorded as interrupted by another process while it ran "
                          f"(this worker was silent past the grace); its result is dropped")
     return row
-
-
-def _failure_of(klass: str, message: str) -> tuple[FailureClass, str]:
-    """A result's failure as the ledger types it: a class no member has (an engine of another version)
-    is a worker_error whose message names the class it gave, never a write that fails."""
-    if klass in FailureClass.__members__.values():
-        return FailureClass(klass), message
-    return FailureClass.WORKER_ERROR, f"(failure class {klass}) {message}"
 
 
 def finish(ledger: Ledger, row: Trial, **values: Unpack[TrialWrite]) -> Trial:

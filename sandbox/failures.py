@@ -27,6 +27,14 @@ class FailureClass(StrEnum):
     # decision that could not be measured (its server failed, or the budget ended first).
     RECHECK = "recheck"
 
+    @classmethod
+    def of(cls, klass: str, message: str | None) -> tuple[FailureClass, str | None]:
+        """A failure as the ledger keeps it: a class no member has (another engine's, an older ledger's)
+        is a worker_error whose message names the class it gave, never a value the ledger refuses."""
+        if klass in cls.__members__.values():
+            return cls(klass), message
+        return cls.WORKER_ERROR, f"(failure class {klass}) {message or ''}"
+
 
 CLASSES = tuple(k.value for k in FailureClass if k is not FailureClass.RECHECK)   # what a worker can say
 TAIL_LINES = 40
