@@ -87,3 +87,20 @@ def test_a_view_has_each_column_of_its_table_with_the_columns_type_less_the_gate
                if c not in views.BULK}
     assert {f.name: f.type for f in fields(view)} == columns
     assert [f.name for f in fields(view)] == list(columns)   # in the table's order
+
+
+def test_a_trial_write_names_only_trial_columns_each_with_the_columns_type():
+    """TrialWrite repeats the trial columns a write may give (a TypedDict cannot be derived for mypy):
+    held here to the ORM, as the views are, so the three lists cannot drift apart."""
+    from typing import get_type_hints
+
+    from agent.ledger import TrialWrite
+
+    columns = {c: Trial.__annotations__[c].removeprefix("Mapped[")[:-1] for c in Trial.__table__.columns.keys()}
+    written = {name: getattr(hint, "__forward_arg__", hint) for name, hint in TrialWrite.__annotations__.items()}
+    assert set(written) <= set(columns)
+    assert {n: columns[n] for n in written} == written
+    opened = {"id", "run_id", "number", "source", "optuna_number", "params", "flags", "env", "worker_id",
+              "started_at", "rationale"}   # written when the row is opened
+    assert set(columns) - set(written) == opened | {"branch", "commit"}   # these through Ledger.set_branch only
+    assert get_type_hints(TrialWrite)   # its annotations resolve
